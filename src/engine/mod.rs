@@ -1,0 +1,1 @@
+//! From inventory to plan: desired resources per target, reads, diff.

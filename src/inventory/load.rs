@@ -1,0 +1,280 @@
+//! Reading an inventory file: bytes to typed [`Inventory`], every failure a [`Diagnostic`]
+//! with `file:line:col`, never a panic.
+
+use std::path::{Path, PathBuf};
+
+use serde_saphyr::options::AliasLimits;
+
+use super::node::Inventory;
+use super::secret::INLINE_SECRET_ERROR;
+use super::spanned::Pos;
+use crate::diagnostic::{Diagnostic, Diagnostics, SourceLocation};
+
+/// Inventories are small; anything larger is a mistake (or an attack).
+const MAX_INVENTORY_BYTES: usize = 4 * 1024 * 1024;
+
+/// An inventory with the text it was read from, so later checks can point into it.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The file as the user named it.
+    pub path: PathBuf,
+    /// The folder relative paths in the inventory are taken from.
+    pub base_dir: PathBuf,
+    /// The file's text.
+    pub source: String,
+    /// The parsed inventory.
+    pub inventory: Inventory,
+}
+
+impl Loaded {
+    /// A diagnostic at `pos` in this file (no location when `pos` is unknown).
+    pub fn diag(&self, pos: Pos, message: impl Into<String>) -> Diagnostic {
+        let d = Diagnostic::new(message);
+        if pos.is_known() {
+            d.at(SourceLocation::new(
+                &self.path,
+                &self.source,
+                pos.line as usize,
+                pos.column as usize,
+                0,
+            ))
+        } else {
+            d.cause(format!("in {}", self.path.display()))
+        }
+    }
+}
+
+/// Reads and parses `path`. Only syntax and types are checked here; see
+/// [`super::validate`] for the rules between values.
+pub fn load(path: &Path) -> Result<Loaded, Diagnostics> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Diagnostics(vec![
+            Diagnostic::new(format!("cannot read {}", path.display()))
+                .cause(e.to_string())
+                .hint("check the path; inventories usually live under inventory/"),
+        ])
+    })?;
+    let base_dir = path
+        .parent()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let inventory_and_source = parse_bytes(path, &bytes).map_err(|d| Diagnostics(vec![d]))?;
+    let (inventory, source) = inventory_and_source;
+    Ok(Loaded {
+        path: path.to_path_buf(),
+        base_dir,
+        source,
+        inventory,
+    })
+}
+
+/// Parses inventory text; `path` is only used in messages.
+pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Diagnostic> {
+    if bytes.len() > MAX_INVENTORY_BYTES {
+        return Err(Diagnostic::new(format!(
+            "{} is {} bytes; an inventory is at most {} bytes",
+            path.display(),
+            bytes.len(),
+            MAX_INVENTORY_BYTES
+        ))
+        .hint("is this the right file?"));
+    }
+    let source = match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(e) => {
+            let good = &bytes[..e.valid_up_to()];
+            let line = good.iter().filter(|&&b| b == b'\n').count() + 1;
+            let line_start = good.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let column = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
+            return Err(Diagnostic::new("the inventory is not UTF-8 text")
+                .at(SourceLocation {
+                    file: path.to_path_buf(),
+                    line,
+                    column,
+                    width: 1,
+                    line_text: String::new(),
+                })
+                .cause(format!("invalid byte at offset {}", e.valid_up_to()))
+                .hint("an inventory is a YAML text file; is this the right file?"));
+        }
+    };
+    if source.trim().is_empty()
+        || source
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+    {
+        return Err(Diagnostic::new(format!("{} is empty", path.display()))
+            .hint("an inventory needs at least `nodes:`; see inventory/llm-two.yaml"));
+    }
+    // Inventories are small; a document that expands past these limits is an alias bomb.
+    let mut alias_limits = AliasLimits::default();
+    alias_limits.max_total_replayed_events = 100_000;
+    alias_limits.max_replay_stack_depth = 16;
+    alias_limits.max_alias_expansions_per_anchor = 1_000;
+    let options = serde_saphyr::options! {
+        alias_limits: alias_limits,
+        strict_booleans: true,
+    };
+    match serde_saphyr::from_str_with_options::<Inventory>(&source, options) {
+        Ok(inv) => Ok((inv, source)),
+        Err(e) => Err(to_diagnostic(path, &source, &e)),
+    }
+}
+
+fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagnostic {
+    use serde_saphyr::Error as E;
+    let mut hints = Vec::new();
+    let mut width = 0;
+    let message = match err {
+        E::SerdeUnknownField {
+            field, expected, ..
+        } => {
+            if let Some(best) = did_you_mean(field, expected) {
+                hints.push(format!("did you mean `{best}`?"));
+            } else if !expected.is_empty() {
+                hints.push(format!("known fields here: {}", expected.join(", ")));
+            }
+            width = field.chars().count();
+            format!("unknown field `{field}`")
+        }
+        E::SerdeUnknownVariant {
+            variant, expected, ..
+        } => {
+            if let Some(best) = did_you_mean(variant, expected) {
+                hints.push(format!("did you mean `{best}`?"));
+            } else {
+                hints.push(format!("expected one of: {}", expected.join(", ")));
+            }
+            format!("unknown value `{variant}`")
+        }
+        E::DuplicateMappingKey { key, .. } => {
+            hints.push(
+                "each key may appear once in a mapping; remove or merge the repeated one".into(),
+            );
+            match key {
+                Some(k) => format!("duplicate key `{k}`"),
+                None => "duplicate key".to_string(),
+            }
+        }
+        E::SerdeMissingField { field, .. } => {
+            hints.push(format!("add `{field}:` to this mapping"));
+            format!("missing field `{field}`")
+        }
+        E::SerdeInvalidType {
+            unexpected,
+            expected,
+            ..
+        } => {
+            format!("expected {expected}, found {unexpected}")
+        }
+        E::SerdeInvalidValue {
+            unexpected,
+            expected,
+            ..
+        } => {
+            format!("invalid value {unexpected}, expected {expected}")
+        }
+        E::Message { msg, .. } => msg.clone(),
+        E::Eof { .. } => {
+            hints.push("the file ends in the middle of a value; is it truncated?".into());
+            "unexpected end of the file".to_string()
+        }
+        E::AliasReplayLimitExceeded { .. }
+        | E::AliasExpansionLimitExceeded { .. }
+        | E::AliasReplayStackDepthExceeded { .. }
+        | E::Budget { .. } => {
+            hints.push("the file expands to far more data than an inventory holds (an alias bomb?); remove the repeated aliases".into());
+            format!(
+                "refused: {}",
+                strip_location(&format!("{:?}", err.without_snippet()))
+            )
+        }
+        other => strip_location(&format!("{:?}", other.without_snippet())),
+    };
+    // Our own value checks put hints after a "\nhint: " separator (see inventory::text).
+    let mut parts = message.split("\nhint: ");
+    let head = parts.next().unwrap_or("").to_string();
+    hints.splice(0..0, parts.map(str::to_string));
+    let mut diag = Diagnostic::new(head.clone());
+    if let Some(loc) = err.location().filter(|l| l.line() > 0) {
+        let mut loc = SourceLocation::new(
+            path,
+            source,
+            loc.line() as usize,
+            loc.column() as usize,
+            width,
+        );
+        if head.starts_with(INLINE_SECRET_ERROR) {
+            // The line holds the secret itself: point at it, never print it.
+            loc.line_text.clear();
+        }
+        diag = diag.at(loc);
+    }
+    for h in hints {
+        diag = diag.hint(h);
+    }
+    diag
+}
+
+/// Drops the crate's trailing ` at line L, column C`, which the snippet already shows.
+fn strip_location(s: &str) -> String {
+    match s.rfind(" at line ") {
+        Some(i) if s[i..].contains(", column ") => s[..i].to_string(),
+        _ => s.to_string(),
+    }
+}
+
+/// The closest candidate to `word`, if one is close enough to be a likely typo.
+pub fn did_you_mean<'a, S: AsRef<str>>(word: &str, candidates: &'a [S]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (c.as_ref(), strsim::jaro_winkler(word, c.as_ref())))
+        .filter(|(_, score)| *score > 0.8)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(yaml: &str) -> String {
+        parse_bytes(Path::new("t.yaml"), yaml.as_bytes())
+            .unwrap_err()
+            .render(false)
+    }
+
+    #[test]
+    fn unknown_field_suggests() {
+        let e = err("nodez: {}\n");
+        assert!(e.contains("unknown field `nodez`"), "{e}");
+        assert!(e.contains("did you mean `nodes`?"), "{e}");
+        assert!(e.contains("t.yaml:1:1"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_key_and_empty_and_binary() {
+        assert!(err("nodes: {}\nnodes: {}\n").contains("duplicate key `nodes`"));
+        assert!(err("# only a comment\n").contains("is empty"));
+        let bin = parse_bytes(Path::new("t.yaml"), b"nodes:\n  \xff\xfe")
+            .unwrap_err()
+            .render(false);
+        assert!(
+            bin.contains("not UTF-8") && bin.contains("t.yaml:2:3"),
+            "{bin}"
+        );
+    }
+
+    #[test]
+    fn did_you_mean_needs_a_close_match() {
+        assert_eq!(did_you_mean("tpp", &["tp", "port"]), Some("tp"));
+        assert_eq!(did_you_mean("zzzz", &["tp", "port"]), None);
+    }
+}

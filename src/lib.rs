@@ -1,0 +1,16 @@
+//! provision: builds and keeps a GPU LLM server on Proxmox VE exactly as declared.
+//!
+//! Data flows one way: [`inventory`] (typed YAML) → desired resources per target
+//! ([`engine::desired`], using [`render`] for templates and roles) → actual state read in
+//! batches → [`plan::Plan`] (a value) → apply executes exactly that plan → verify.
+
+pub mod cli;
+pub mod diagnostic;
+pub mod engine;
+pub mod gpu;
+pub mod inventory;
+pub mod plan;
+pub mod printer;
+pub mod render;
+pub mod resources;
+pub mod transport;

@@ -1,0 +1,1 @@
+//! The plan: a value that `plan` and `check` print and `apply` executes.

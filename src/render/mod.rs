@@ -1,0 +1,1 @@
+//! Handlebars templates and roles, loaded as data.
