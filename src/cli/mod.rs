@@ -1,8 +1,138 @@
-//! The command line.
+//! The command line: one file per command, each a `run(args, printer)` returning an
+//! [`ExitStatus`]. Errors are printed here, once, as `error:` + `Caused by:` + `hint:`.
+
+pub mod apply;
+pub mod check;
+pub mod gpu;
+pub mod model;
+pub mod plan;
+pub mod render;
+pub mod schema;
+pub mod validate;
 
 use std::process::ExitCode;
 
-/// Runs the CLI.
+use clap::{Args, Parser, Subcommand};
+
+use crate::diagnostic::{Diagnostic, Diagnostics};
+use crate::printer::{ColorChoice, Printer, Verbosity};
+
+/// How a command ended, as the exit code scripts and CI read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// 0: done, or nothing to change.
+    Success,
+    /// 1: an error (bad input included).
+    Failure,
+    /// 2: changes pending (`plan --detailed-exitcode`) or drift (`check`), or a model
+    /// that failed verification.
+    Changes,
+}
+
+impl From<ExitStatus> for ExitCode {
+    fn from(s: ExitStatus) -> ExitCode {
+        match s {
+            ExitStatus::Success => ExitCode::SUCCESS,
+            ExitStatus::Failure => ExitCode::from(1),
+            ExitStatus::Changes => ExitCode::from(2),
+        }
+    }
+}
+
+/// Builds and keeps a GPU LLM server on Proxmox VE exactly as declared.
+#[derive(Debug, Parser)]
+#[command(name = "provision", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Say more: the steps taken and the commands run.
+    #[arg(short, long, global = true, conflicts_with = "quiet")]
+    verbose: bool,
+    /// Say less: results and errors only.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// When to colour output.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
+    /// Never draw progress bars.
+    #[arg(long, global = true)]
+    no_progress: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Parse and validate an inventory (exit 0 valid, 1 not).
+    Validate(validate::ValidateArgs),
+    /// Write every file an inventory produces into a folder, one file per target path.
+    Render(render::RenderArgs),
+    /// Show what would change to make reality match the inventory.
+    Plan(plan::PlanArgs),
+    /// Plan, show, confirm, then execute exactly that plan.
+    Apply(apply::ApplyArgs),
+    /// Read-only drift check for CI (exit 0 clean, 2 drift, 1 error).
+    Check(check::CheckArgs),
+    /// Print the inventory's JSON Schema, for editors.
+    Schema(schema::SchemaArgs),
+    /// Download and verify models by hand (pre-seeding a store, audits).
+    Model(model::ModelArgs),
+    /// Read GPU facts and run GPU checks on this machine.
+    Gpu(gpu::GpuArgs),
+}
+
+/// Parses the command line, runs the command, prints any error, returns the exit code.
 pub fn main() -> ExitCode {
-    ExitCode::SUCCESS
+    let cli = Cli::parse();
+    let verbosity = if cli.global.quiet {
+        Verbosity::Quiet
+    } else if cli.global.verbose {
+        Verbosity::Verbose
+    } else {
+        Verbosity::Normal
+    };
+    let printer = Printer::new(verbosity, cli.global.color, cli.global.no_progress);
+    let result = match &cli.command {
+        Command::Validate(args) => validate::run(args, &printer),
+        Command::Render(args) => render::run(args, &printer),
+        Command::Plan(args) => plan::run(args, &printer),
+        Command::Apply(args) => apply::run(args, &printer),
+        Command::Check(args) => check::run(args, &printer),
+        Command::Schema(args) => schema::run(args, &printer),
+        Command::Model(args) => model::run(args, &printer),
+        Command::Gpu(args) => gpu::run(args, &printer),
+    };
+    match result {
+        Ok(status) => status.into(),
+        Err(err) => {
+            printer.error(&render_error(&err, printer.color_err()));
+            ExitStatus::Failure.into()
+        }
+    }
+}
+
+/// Renders an error chain: a diagnostic as itself, anything else as `error:` with
+/// `Caused by:` lines.
+pub fn render_error(err: &anyhow::Error, color: bool) -> String {
+    if let Some(d) = err.downcast_ref::<Diagnostics>() {
+        return d.render(color);
+    }
+    if let Some(d) = err.downcast_ref::<Diagnostic>() {
+        return d.render(color);
+    }
+    let mut d = Diagnostic::new(err.to_string());
+    for cause in err.chain().skip(1) {
+        if let Some(inner) = cause.downcast_ref::<Diagnostic>() {
+            d.causes.push(inner.message.clone());
+            d.hints.extend(inner.hints.iter().cloned());
+        } else {
+            d.causes.push(cause.to_string());
+        }
+    }
+    d.render(color)
 }
