@@ -77,8 +77,8 @@ fn token_width(line: &str, column: usize) -> usize {
 pub struct Diagnostic {
     /// What is wrong, in one line.
     pub message: String,
-    /// Where, when the error comes from a file.
-    pub location: Option<SourceLocation>,
+    /// Where, when the error comes from a file (boxed: errors travel in `Result`s).
+    pub location: Option<Box<SourceLocation>>,
     /// Lower-level reasons, outermost first.
     pub causes: Vec<String>,
     /// What the user can do about it.
@@ -98,7 +98,7 @@ impl Diagnostic {
 
     /// Attaches a source location.
     pub fn at(mut self, location: SourceLocation) -> Self {
-        self.location = Some(location);
+        self.location = Some(Box::new(location));
         self
     }
 

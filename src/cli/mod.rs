@@ -10,11 +10,15 @@ pub mod render;
 pub mod schema;
 pub mod validate;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::diagnostic::{Diagnostic, Diagnostics};
+use crate::engine::DesiredTarget;
+use crate::engine::desired::{Library, desired_state};
+use crate::inventory::{Loaded, load, validate::validate};
 use crate::printer::{ColorChoice, Printer, Verbosity};
 
 /// How a command ended, as the exit code scripts and CI read.
@@ -135,4 +139,28 @@ pub fn render_error(err: &anyhow::Error, color: bool) -> String {
         }
     }
     d.render(color)
+}
+
+/// An inventory loaded, validated and expanded into desired resources.
+pub struct Prepared {
+    /// The inventory and its text.
+    pub loaded: Loaded,
+    /// Its templates and roles.
+    pub library: Library,
+    /// The desired state of every target (node GPU facts not read).
+    pub desired: Vec<DesiredTarget>,
+}
+
+/// The start of every command that takes an inventory: load, validate, expand. Any
+/// problem is reported with `file:line:col`.
+pub fn prepare(path: &Path) -> anyhow::Result<Prepared> {
+    let loaded = load(path)?;
+    let library = Library::load(&loaded).map_err(|d| Diagnostics(vec![d]))?;
+    validate(&loaded, &library.roles.names())?;
+    let desired = desired_state(&loaded, &library, &|_| None)?;
+    Ok(Prepared {
+        loaded,
+        library,
+        desired,
+    })
 }

@@ -1,4 +1,4 @@
-//! `provision schema`.
+//! `provision schema`: the inventory's JSON Schema, for editors.
 
 use clap::Args;
 
@@ -9,7 +9,10 @@ use crate::printer::Printer;
 #[derive(Debug, Args)]
 pub struct SchemaArgs {}
 
-/// Runs `provision schema`.
-pub fn run(_args: &SchemaArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
-    anyhow::bail!("not built yet")
+/// Prints the schema. Point editors at it with
+/// `# yaml-language-server: $schema=<path or URL of the saved schema>`.
+pub fn run(_args: &SchemaArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
+    let schema = crate::inventory::json_schema();
+    printer.result(&format!("{}\n", serde_json::to_string_pretty(&schema)?));
+    Ok(ExitStatus::Success)
 }

@@ -1,1 +1,113 @@
-//! From inventory to plan: desired resources per target, reads, diff.
+//! From inventory to plan: desired resources per target ([`desired`]), the reads they need
+//! batched per target ([`facts`]), and the diff that makes the [`Plan`].
+
+pub mod desired;
+pub mod facts;
+
+use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
+use crate::resources::ResourceSpec;
+use facts::{Facts, NotRead, Probe};
+
+/// A resource wanted on a target, and the role that asked for it.
+#[derive(Debug, Clone)]
+pub struct Desired {
+    /// The fully rendered desired state.
+    pub spec: ResourceSpec,
+    /// The contributing role, if any.
+    pub role: Option<String>,
+}
+
+/// Everything wanted on one target.
+#[derive(Debug, Clone)]
+pub struct DesiredTarget {
+    /// Where.
+    pub target: Target,
+    /// What, in apply order.
+    pub resources: Vec<Desired>,
+}
+
+impl DesiredTarget {
+    /// The probes of all its resources, each once, in first-use order: one batch.
+    pub fn probes(&self) -> Vec<Probe> {
+        let mut out: Vec<Probe> = Vec::new();
+        for d in &self.resources {
+            for p in d.spec.resource().probes() {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+
+    /// `<target>/<kind>:<name>` for a resource of this target.
+    fn address(&self, spec: &ResourceSpec) -> String {
+        let prefix = match &self.target {
+            Target::Node { node, .. } => format!("node.{node}"),
+            Target::Container { name, .. } => format!("container.{name}"),
+            Target::Guest { name, .. } => format!("guest.{name}"),
+        };
+        format!("{prefix}/{}", spec.address())
+    }
+}
+
+/// Compares each target's desired resources with the facts read for it. Services whose
+/// dependencies change are restarted (and health-gated) even if they are running.
+pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan, NotRead> {
+    let mut changes: Vec<Change> = Vec::new();
+    let mut unchanged = 0;
+    for d in &desired.resources {
+        let r = d.spec.resource();
+        let delta = r.diff(facts)?;
+        let delta = match (&d.spec, delta) {
+            (ResourceSpec::Service(svc), None) => {
+                let changed: Vec<&String> = svc
+                    .depends_on
+                    .iter()
+                    .filter(|dep| changes.iter().any(|c| c.spec.address() == **dep))
+                    .collect();
+                (!changed.is_empty()).then(|| {
+                    let mut delta =
+                        crate::resources::Delta::new(Action::Update).attr(Attribute::change(
+                            "state",
+                            Some("running".into()),
+                            Some("restarted".into()),
+                        ));
+                    for dep in changed {
+                        delta = delta.reason(format!("restart: {dep} changes"));
+                    }
+                    delta
+                })
+            }
+            (_, delta) => delta,
+        };
+        match delta {
+            None => unchanged += 1,
+            Some(delta) => changes.push(Change {
+                address: desired.address(&d.spec),
+                kind: r.kind().to_string(),
+                name: r.name(),
+                action: delta.action,
+                role: d.role.clone(),
+                attributes: delta.attributes,
+                diff: delta.diff,
+                reasons: delta.reasons,
+                spec: d.spec.clone(),
+            }),
+        }
+    }
+    Ok(TargetPlan {
+        target: desired.target.clone(),
+        changes,
+        unchanged,
+    })
+}
+
+/// The plan against the empty world of `--offline`: nothing is read.
+pub fn offline_plan(inventory: &str, desired: &[DesiredTarget]) -> Plan {
+    let targets = desired
+        .iter()
+        .map(|d| diff_target(d, &Facts::Empty).expect("the empty world answers every probe"))
+        .collect();
+    Plan::new(inventory, PlanMode::Offline, targets)
+}

@@ -113,7 +113,17 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Dia
         return Err(Diagnostic::new(format!("{} is empty", path.display()))
             .hint("an inventory needs at least `nodes:`; see inventory/llm-two.yaml"));
     }
-    // Inventories are small; a document that expands past these limits is an alias bomb.
+    parse_yaml::<Inventory>(path, &source).map(|inv| (inv, source))
+}
+
+/// Parses YAML text into `T` with the project's options (duplicate keys refused, alias
+/// bombs refused, strict booleans); every error a [`Diagnostic`] pointing into `path`.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    source: &str,
+) -> Result<T, Diagnostic> {
+    // Inventories and roles are small; a document that expands past these limits is an
+    // alias bomb.
     let mut alias_limits = AliasLimits::default();
     alias_limits.max_total_replayed_events = 100_000;
     alias_limits.max_replay_stack_depth = 16;
@@ -122,17 +132,20 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Dia
         alias_limits: alias_limits,
         strict_booleans: true,
     };
-    match serde_saphyr::from_str_with_options::<Inventory>(&source, options) {
-        Ok(inv) => Ok((inv, source)),
-        Err(e) => Err(to_diagnostic(path, &source, &e)),
-    }
+    serde_saphyr::from_str_with_options::<T>(source, options)
+        .map_err(|e| to_diagnostic(path, source, &e))
 }
 
 fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagnostic {
     use serde_saphyr::Error as E;
     let mut hints = Vec::new();
     let mut width = 0;
-    let message = match err {
+    // Errors arrive wrapped (with a snippet, or as raised inside an alias): use the inner one.
+    let mut inner = err.without_snippet();
+    while let E::AliasError { error, .. } = inner {
+        inner = error.without_snippet();
+    }
+    let message = match inner {
         E::SerdeUnknownField {
             field, expected, ..
         } => {
@@ -181,11 +194,22 @@ fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagno
         } => {
             format!("invalid value {unexpected}, expected {expected}")
         }
-        E::Message { msg, .. } => msg.clone(),
-        E::Eof { .. } => {
-            hints.push("the file ends in the middle of a value; is it truncated?".into());
-            "unexpected end of the file".to_string()
+        E::Message { msg, .. } => explain_unknown(msg, &mut hints, &mut width),
+        E::Unexpected { expected, location } => {
+            let found = source
+                .lines()
+                .nth((location.line() as usize).saturating_sub(1))
+                .and_then(|l| {
+                    l.chars()
+                        .nth((location.column() as usize).saturating_sub(1))
+                });
+            match found {
+                Some('[') | Some('-') => "expected a single value here, found a list".to_string(),
+                Some('{') => "expected a single value here, found a mapping".to_string(),
+                _ => format!("expected {expected}"),
+            }
         }
+        E::Eof { .. } => "unexpected end of the file".to_string(),
         E::AliasReplayLimitExceeded { .. }
         | E::AliasExpansionLimitExceeded { .. }
         | E::AliasReplayStackDepthExceeded { .. }
@@ -196,9 +220,16 @@ fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagno
                 strip_location(&format!("{:?}", err.without_snippet()))
             )
         }
-        other => strip_location(&format!("{:?}", other.without_snippet())),
+        other => explain_unknown(
+            &strip_location(&format!("{other:?}")),
+            &mut hints,
+            &mut width,
+        ),
     };
     // Our own value checks put hints after a "\nhint: " separator (see inventory::text).
+    if message.starts_with("unclosed") || message.starts_with("unexpected end") {
+        hints.push("the file ends in the middle of a value; is it truncated?".into());
+    }
     let mut parts = message.split("\nhint: ");
     let head = parts.next().unwrap_or("").to_string();
     hints.splice(0..0, parts.map(str::to_string));
@@ -221,6 +252,52 @@ fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagno
         diag = diag.hint(h);
     }
     diag
+}
+
+/// Errors from inside nested values can arrive as serde's text rather than as typed
+/// variants: turn `unknown field `x`, expected one of ...` into a message and a hint.
+fn explain_unknown(msg: &str, hints: &mut Vec<String>, width: &mut usize) -> String {
+    let Some((what, word, expected)) = parse_unknown(msg) else {
+        return msg.to_string();
+    };
+    let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    match did_you_mean(&word, &expected) {
+        Some(best) => hints.push(format!("did you mean `{best}`?")),
+        None if !expected.is_empty() => {
+            hints.push(format!("expected one of: {}", expected.join(", ")))
+        }
+        None => {}
+    }
+    if what == "field" {
+        *width = word.chars().count();
+        format!("unknown field `{word}`")
+    } else {
+        format!("unknown value `{word}`")
+    }
+}
+
+/// Reads serde's `unknown field `x`, expected one of `a`, `b`` (or `unknown variant`) text:
+/// what was unknown, the word, and the expected words.
+fn parse_unknown(msg: &str) -> Option<(&'static str, String, Vec<String>)> {
+    let (what, rest) = if let Some(r) = msg.strip_prefix("unknown field `") {
+        ("field", r)
+    } else if let Some(r) = msg.strip_prefix("unknown variant `") {
+        ("variant", r)
+    } else {
+        return None;
+    };
+    let (word, tail) = rest.split_once('`')?;
+    let expected = tail
+        .split_once("expected one of ")
+        .or_else(|| tail.split_once("expected "))
+        .map(|(_, list)| {
+            list.split(", ")
+                .map(|w| w.trim_matches(|c| c == '`' || c == ' ').to_string())
+                .filter(|w| !w.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    Some((what, word.to_string(), expected))
 }
 
 /// Drops the crate's trailing ` at line L, column C`, which the snippet already shows.
@@ -269,6 +346,26 @@ mod tests {
         assert!(
             bin.contains("not UTF-8") && bin.contains("t.yaml:2:3"),
             "{bin}"
+        );
+    }
+
+    #[test]
+    fn alias_bombs_are_refused_even_where_any_value_fits() {
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        let mut prev = 'a';
+        for n in "bcdefghi".chars() {
+            bomb += &format!(
+                "{n}: &{n} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            );
+            prev = n;
+        }
+        let started = std::time::Instant::now();
+        let e = parse_yaml::<serde_json::Value>(Path::new("b.yaml"), &bomb).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        let text = e.render(false);
+        assert!(
+            text.contains("refused") && text.contains("alias bomb"),
+            "{text}"
         );
     }
 

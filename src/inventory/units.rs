@@ -34,7 +34,7 @@ impl Size {
     /// GiB as Proxmox writes disk sizes (`200` or `0.5`).
     pub fn gib_text(self) -> String {
         let gib = KIB * KIB * KIB;
-        if self.0 % gib == 0 {
+        if self.0.is_multiple_of(gib) {
             (self.0 / gib).to_string()
         } else {
             let v = self.0 as f64 / gib as f64;
@@ -91,7 +91,7 @@ impl fmt::Display for Size {
             return f.write_str("0");
         }
         for (name, mult) in units {
-            if self.0 % mult == 0 {
+            if self.0.is_multiple_of(mult) {
                 return write!(f, "{}{name}", self.0 / mult);
             }
         }
@@ -188,9 +188,9 @@ impl TimeSpan {
 
     /// As systemd writes it (`10s`, `5min`, `1500ms`).
     pub fn systemd(self) -> String {
-        if self.0 % 60_000 == 0 && self.0 >= 60_000 {
+        if self.0.is_multiple_of(60_000) && self.0 >= 60_000 {
             format!("{}min", self.0 / 60_000)
-        } else if self.0 % 1000 == 0 {
+        } else if self.0.is_multiple_of(1000) {
             format!("{}s", self.0 / 1000)
         } else {
             format!("{}ms", self.0)
@@ -224,11 +224,11 @@ impl TimeSpan {
 
 impl fmt::Display for TimeSpan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 3_600_000 == 0 && self.0 > 0 {
+        if self.0.is_multiple_of(3_600_000) && self.0 > 0 {
             write!(f, "{}h", self.0 / 3_600_000)
-        } else if self.0 % 60_000 == 0 && self.0 > 0 {
+        } else if self.0.is_multiple_of(60_000) && self.0 > 0 {
             write!(f, "{}m", self.0 / 60_000)
-        } else if self.0 % 1000 == 0 {
+        } else if self.0.is_multiple_of(1000) {
             write!(f, "{}s", self.0 / 1000)
         } else {
             write!(f, "{}ms", self.0)

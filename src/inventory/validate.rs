@@ -168,7 +168,7 @@ impl Validator<'_> {
             );
         }
         let size = ct.rootfs.size.value;
-        if size.bytes() == 0 || size.bytes() % (1024 * 1024 * 1024) != 0 {
+        if size.bytes() == 0 || !size.bytes().is_multiple_of(1024 * 1024 * 1024) {
             self.err(
                 ct.rootfs.size.pos,
                 format!(

@@ -1,1 +1,225 @@
-//! The plan: a value that `plan` and `check` print and `apply` executes.
+//! The plan: a value. `plan` and `check` print it, tests snapshot it, and `apply` executes
+//! exactly that value. Its JSON form is documented in `docs/plan-format.md`.
+
+mod print;
+
+use serde::{Deserialize, Serialize};
+
+pub use print::render_human;
+
+use crate::resources::ResourceSpec;
+
+/// The version of the JSON plan format; bumped on any incompatible change.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Everything that would change, grouped by target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// [`FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The inventory file, as named on the command line.
+    pub inventory: String,
+    /// Whether reality was read (`online`) or assumed empty (`offline`).
+    pub mode: PlanMode,
+    /// Per target, in the order they are applied.
+    pub targets: Vec<TargetPlan>,
+    /// Counts by action.
+    pub summary: Summary,
+}
+
+/// What the plan was compared against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanMode {
+    /// Against an empty world: nothing was read, everything is to create.
+    Offline,
+    /// Against what was read from the nodes and guests.
+    Online,
+}
+
+/// The changes on one target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetPlan {
+    /// Where the changes happen.
+    pub target: Target,
+    /// Resources that differ, in apply order.
+    pub changes: Vec<Change>,
+    /// Resources that were checked and already match.
+    pub unchanged: usize,
+}
+
+/// A place changes happen: a node, a container's configuration on its node, or the
+/// inside of a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Target {
+    /// A Proxmox node itself (templates, storage).
+    Node {
+        /// The node's inventory name.
+        node: String,
+        /// Its API URL.
+        api: String,
+    },
+    /// A container's definition on its node (Proxmox config).
+    Container {
+        /// The node's inventory name.
+        node: String,
+        /// The container's inventory name.
+        name: String,
+        /// Its vmid.
+        vmid: u64,
+    },
+    /// Inside a container (over SSH).
+    Guest {
+        /// The container's inventory name.
+        name: String,
+        /// `user@host:port` it is reached at.
+        address: String,
+    },
+}
+
+impl Target {
+    /// A one-line heading, e.g. `guest llm-two (root@10.1.230.174:22)`.
+    pub fn heading(&self) -> String {
+        match self {
+            Target::Node { node, api } => format!("node {node} ({api})"),
+            Target::Container { node, name, vmid } => {
+                format!("container {name} (CT {vmid} on node {node})")
+            }
+            Target::Guest { name, address } => format!("guest {name} ({address})"),
+        }
+    }
+}
+
+/// One resource that differs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// Stable address within the plan: `<target>/<kind>:<name>`.
+    pub address: String,
+    /// The resource kind (`file`, `apt`, `service` ...).
+    pub kind: String,
+    /// What it is called on its target (a path, a unit, a package set).
+    pub name: String,
+    /// What will be done.
+    pub action: Action,
+    /// The role that contributed it, if any.
+    pub role: Option<String>,
+    /// Attribute by attribute, before and after.
+    pub attributes: Vec<Attribute>,
+    /// A unified diff of file content, when there is content.
+    pub diff: Option<String>,
+    /// Why the change is needed, in words (drift found, a dependency changed).
+    pub reasons: Vec<String>,
+    /// The desired state apply will reach, fully rendered (secrets by reference only).
+    pub spec: ResourceSpec,
+}
+
+/// What apply does to a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Make it (`+`).
+    Create,
+    /// Change it in place (`~`).
+    Update,
+    /// Destroy and make again (`-/+`).
+    Replace,
+    /// Remove it (`-`).
+    Delete,
+}
+
+impl Action {
+    /// The sign shown in front of the change.
+    pub fn sign(self) -> &'static str {
+        match self {
+            Action::Create => "+",
+            Action::Update => "~",
+            Action::Replace => "-/+",
+            Action::Delete => "-",
+        }
+    }
+}
+
+/// One attribute's value before and after (`None`: absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attribute {
+    /// Its name.
+    pub name: String,
+    /// The value found, if any.
+    pub before: Option<String>,
+    /// The value wanted, if any.
+    pub after: Option<String>,
+}
+
+impl Attribute {
+    /// An attribute that is only wanted (on create).
+    pub fn new(name: &str, after: impl Into<String>) -> Self {
+        Attribute {
+            name: name.to_string(),
+            before: None,
+            after: Some(after.into()),
+        }
+    }
+
+    /// An attribute that changes from `before` to `after`.
+    pub fn change(name: &str, before: Option<String>, after: Option<String>) -> Self {
+        Attribute {
+            name: name.to_string(),
+            before,
+            after,
+        }
+    }
+}
+
+/// Counts by action.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// To create.
+    pub create: usize,
+    /// To update in place.
+    pub update: usize,
+    /// To replace.
+    pub replace: usize,
+    /// To delete.
+    pub delete: usize,
+    /// Checked and unchanged.
+    pub unchanged: usize,
+}
+
+impl Summary {
+    /// Counts the changes of `targets`.
+    pub fn of(targets: &[TargetPlan]) -> Self {
+        let mut s = Summary::default();
+        for t in targets {
+            s.unchanged += t.unchanged;
+            for c in &t.changes {
+                match c.action {
+                    Action::Create => s.create += 1,
+                    Action::Update => s.update += 1,
+                    Action::Replace => s.replace += 1,
+                    Action::Delete => s.delete += 1,
+                }
+            }
+        }
+        s
+    }
+
+    /// Whether anything would change.
+    pub fn has_changes(&self) -> bool {
+        self.create + self.update + self.replace + self.delete > 0
+    }
+}
+
+impl Plan {
+    /// A plan of `targets`, summarised.
+    pub fn new(inventory: &str, mode: PlanMode, targets: Vec<TargetPlan>) -> Self {
+        let summary = Summary::of(&targets);
+        Plan {
+            format_version: FORMAT_VERSION,
+            inventory: inventory.to_string(),
+            mode,
+            targets,
+            summary,
+        }
+    }
+}

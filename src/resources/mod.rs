@@ -1,1 +1,172 @@
-//! One file per kind of resource.
+//! Resources: one file per kind. Each kind is a spec (the desired state, fully rendered,
+//! serializable into the plan) implementing [`Resource`]: the probes it needs read and a
+//! pure `diff` against their answers.
+
+pub mod apt;
+pub mod container;
+pub mod cuda;
+pub mod directory;
+pub mod file;
+pub mod git_checkout;
+pub mod model;
+pub mod pip_editable;
+pub mod pip_packages;
+pub mod pve_lines;
+pub mod service;
+pub mod venv;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::plan::{Action, Attribute};
+
+/// Every kind of resource, tagged by `kind` as roles and plans write it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ResourceSpec {
+    /// A file with content from a template or inline.
+    File(file::FileSpec),
+    /// A directory.
+    Directory(directory::DirectorySpec),
+    /// Debian packages, installed in one transaction.
+    Apt(apt::AptSpec),
+    /// A CUDA toolkit at a home with a release.
+    CudaToolkit(cuda::CudaSpec),
+    /// A Python venv.
+    Venv(venv::VenvSpec),
+    /// Pinned packages in a venv.
+    PipPackages(pip_packages::PipPackagesSpec),
+    /// A git checkout at a commit.
+    GitCheckout(git_checkout::GitCheckoutSpec),
+    /// A source folder installed editable into a venv.
+    PipEditable(pip_editable::PipEditableSpec),
+    /// A Hugging Face model in a folder, verified.
+    Model(model::ModelSpec),
+    /// A systemd service: enabled, running, restarted when what it depends on changes,
+    /// and health-gated.
+    Service(service::ServiceSpec),
+    /// A container's Proxmox configuration.
+    Container(container::ContainerSpec),
+    /// Lines in a container's Proxmox config that only root may set (device passthrough,
+    /// raw `lxc.*` keys).
+    PveLines(pve_lines::PveLinesSpec),
+}
+
+/// How a resource differs from what was read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    /// What apply will do.
+    pub action: Action,
+    /// Attribute by attribute.
+    pub attributes: Vec<Attribute>,
+    /// A unified diff of content, if any.
+    pub diff: Option<String>,
+    /// Why, in words.
+    pub reasons: Vec<String>,
+}
+
+impl Delta {
+    /// A delta with `action` and nothing else yet.
+    pub fn new(action: Action) -> Self {
+        Delta {
+            action,
+            attributes: Vec::new(),
+            diff: None,
+            reasons: Vec::new(),
+        }
+    }
+
+    /// Adds an attribute.
+    pub fn attr(mut self, attribute: Attribute) -> Self {
+        self.attributes.push(attribute);
+        self
+    }
+
+    /// Adds a reason.
+    pub fn reason(mut self, reason: impl Into<String>) -> Self {
+        self.reasons.push(reason.into());
+        self
+    }
+}
+
+/// One kind of resource.
+pub trait Resource {
+    /// The kind, as roles and plans spell it.
+    fn kind(&self) -> &'static str;
+    /// What it is called on its target (a path, a unit, a package set).
+    fn name(&self) -> String;
+    /// The reads it needs; the engine batches them per target.
+    fn probes(&self) -> Vec<Probe>;
+    /// Compares with the answers; `None` when it already matches.
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead>;
+}
+
+/// Where a resource lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// On the node, in the container's Proxmox config.
+    Container,
+    /// Inside the container.
+    Guest,
+}
+
+impl ResourceSpec {
+    /// The spec as its [`Resource`].
+    pub fn resource(&self) -> &dyn Resource {
+        match self {
+            ResourceSpec::File(r) => r,
+            ResourceSpec::Directory(r) => r,
+            ResourceSpec::Apt(r) => r,
+            ResourceSpec::CudaToolkit(r) => r,
+            ResourceSpec::Venv(r) => r,
+            ResourceSpec::PipPackages(r) => r,
+            ResourceSpec::GitCheckout(r) => r,
+            ResourceSpec::PipEditable(r) => r,
+            ResourceSpec::Model(r) => r,
+            ResourceSpec::Service(r) => r,
+            ResourceSpec::Container(r) => r,
+            ResourceSpec::PveLines(r) => r,
+        }
+    }
+
+    /// Which target it lives on.
+    pub fn target_kind(&self) -> TargetKind {
+        match self {
+            ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
+            _ => TargetKind::Guest,
+        }
+    }
+
+    /// `kind:name`, unique on its target.
+    pub fn address(&self) -> String {
+        let r = self.resource();
+        format!("{}:{}", r.kind(), r.name())
+    }
+}
+
+/// A unified diff from `old` (absent when `None`) to `new`, labelled with `path`.
+pub fn unified_diff(path: &str, old: Option<&str>, new: &str) -> String {
+    let before = old.unwrap_or("");
+    let old_label = if old.is_some() {
+        path.to_string()
+    } else {
+        format!("{path} (absent)")
+    };
+    similar::TextDiff::from_lines(before, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(&old_label, path)
+        .to_string()
+}
+
+/// Permission bits as `0644`.
+pub fn mode_text(mode: u32) -> String {
+    format!("{mode:04o}")
+}
+
+/// Parses `0644` (octal, as written in roles).
+pub fn parse_mode(s: &str) -> Option<u32> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+}

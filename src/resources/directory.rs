@@ -1,0 +1,66 @@
+//! A directory with owner, group and mode.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Delta, Resource, mode_text};
+use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
+use crate::plan::{Action, Attribute};
+
+/// A directory's desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirectorySpec {
+    /// Absolute path.
+    pub path: String,
+    /// Owner name.
+    pub owner: String,
+    /// Group name.
+    pub group: String,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl Resource for DirectorySpec {
+    fn kind(&self) -> &'static str {
+        "directory"
+    }
+
+    fn name(&self) -> String {
+        self.path.clone()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![Probe::Path {
+            path: self.path.clone(),
+        }]
+    }
+
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        let owner = format!("{}:{}", self.owner, self.group);
+        let Some(found) = facts.path(&self.probes()[0])? else {
+            return Ok(Some(
+                Delta::new(Action::Create)
+                    .attr(Attribute::new("owner", owner))
+                    .attr(Attribute::new("mode", mode_text(self.mode))),
+            ));
+        };
+        if found.kind != PathKind::Dir {
+            return Ok(Some(Delta::new(Action::Replace).reason(
+                format!("{} is a {:?}, not a directory", self.path, found.kind).to_lowercase(),
+            )));
+        }
+        let mut d = Delta::new(Action::Update);
+        let found_owner = format!("{}:{}", found.owner, found.group);
+        if found_owner != owner {
+            d = d.attr(Attribute::change("owner", Some(found_owner), Some(owner)));
+        }
+        if found.mode != self.mode {
+            d = d.attr(Attribute::change(
+                "mode",
+                Some(mode_text(found.mode)),
+                Some(mode_text(self.mode)),
+            ));
+        }
+        Ok((!d.attributes.is_empty()).then_some(d))
+    }
+}

@@ -1,0 +1,64 @@
+//! A source folder installed editable (`pip install -e`) into a venv, e.g. SGLang from its
+//! checkout.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Delta, Resource};
+use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::inventory::software::normalize_package_name;
+use crate::plan::{Action, Attribute};
+
+/// An editable install's desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipEditableSpec {
+    /// The venv's folder.
+    pub venv: String,
+    /// The distribution's name (`sglang`).
+    pub package: String,
+    /// The folder `pip install -e` takes.
+    pub source: String,
+    /// Extras, e.g. `all`.
+    #[serde(default)]
+    pub extras: Vec<String>,
+}
+
+impl Resource for PipEditableSpec {
+    fn kind(&self) -> &'static str {
+        "pip_editable"
+    }
+
+    fn name(&self) -> String {
+        self.source.clone()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![Probe::Venv {
+            path: self.venv.clone(),
+        }]
+    }
+
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        let name = normalize_package_name(&self.package);
+        let found = facts
+            .venv(&self.probes()[0])?
+            .and_then(|v| v.editable.get(&name).cloned());
+        if found.as_deref() == Some(self.source.as_str()) {
+            return Ok(None);
+        }
+        let action = if found.is_some() {
+            Action::Update
+        } else {
+            Action::Create
+        };
+        let mut d = Delta::new(action).attr(Attribute::change(
+            &format!("{} (editable)", self.package),
+            found,
+            Some(self.source.clone()),
+        ));
+        if !self.extras.is_empty() {
+            d = d.attr(Attribute::new("extras", self.extras.join(",")));
+        }
+        Ok(Some(d))
+    }
+}

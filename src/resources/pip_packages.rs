@@ -1,0 +1,79 @@
+//! Pinned packages in a venv, from an index or a local wheelhouse. Drift is read from what
+//! is installed (the venv's distributions), never from a marker file.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Delta, Resource};
+use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::inventory::software::normalize_package_name;
+use crate::plan::{Action, Attribute};
+
+/// Pinned packages' desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipPackagesSpec {
+    /// The venv's folder.
+    pub venv: String,
+    /// `name==version` requirements.
+    pub packages: Vec<String>,
+    /// `--index-url`.
+    #[serde(default)]
+    pub index_url: Option<String>,
+    /// `--extra-index-url`s.
+    #[serde(default)]
+    pub extra_index_urls: Vec<String>,
+    /// `--no-index --find-links` folder on the target.
+    #[serde(default)]
+    pub wheelhouse: Option<String>,
+}
+
+impl PipPackagesSpec {
+    /// `(normalised name, version)` of each requirement.
+    pub fn pins(&self) -> Vec<(String, String)> {
+        self.packages
+            .iter()
+            .filter_map(|p| p.split_once("=="))
+            .map(|(n, v)| {
+                let base = n.split('[').next().unwrap_or(n);
+                (normalize_package_name(base), v.to_string())
+            })
+            .collect()
+    }
+}
+
+impl Resource for PipPackagesSpec {
+    fn kind(&self) -> &'static str {
+        "pip_packages"
+    }
+
+    fn name(&self) -> String {
+        self.venv.clone()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![Probe::Venv {
+            path: self.venv.clone(),
+        }]
+    }
+
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        let found = facts.venv(&self.probes()[0])?;
+        let mut d = Delta::new(if found.is_some() {
+            Action::Update
+        } else {
+            Action::Create
+        });
+        for (name, want) in self.pins() {
+            let have = found.and_then(|v| v.packages.get(&name).cloned());
+            if have.as_deref() != Some(want.as_str()) {
+                d = d.attr(Attribute::change(&name, have, Some(want)));
+            }
+        }
+        if let Some(src) = self.wheelhouse.as_ref().or(self.index_url.as_ref())
+            && !d.attributes.is_empty()
+        {
+            d = d.reason(format!("installed from {src}"));
+        }
+        Ok((!d.attributes.is_empty()).then_some(d))
+    }
+}

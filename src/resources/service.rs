@@ -1,0 +1,105 @@
+//! A systemd service: enabled, running, restarted only when something it depends on
+//! changed, and health-gated after every (re)start.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Delta, Resource};
+use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::plan::{Action, Attribute};
+
+/// A service's desired state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// Unit name, e.g. `sglang-qwen.service`.
+    pub unit: String,
+    /// Start at boot.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Addresses (`kind:name`) of resources on the same target whose change means a restart.
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    /// The health gate after a (re)start, if any.
+    #[serde(default)]
+    pub readiness: Option<ReadinessSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// How to tell the service is ready after a (re)start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadinessSpec {
+    /// URL that must list `served_model_name`.
+    pub url: String,
+    /// The model name `/v1/models` must list.
+    pub served_model_name: String,
+    /// Port the server listens on.
+    pub port: u16,
+    /// Give up after this many milliseconds.
+    pub deadline_ms: u64,
+    /// A hang: no new log line for this many milliseconds while the port is closed.
+    pub stall_timeout_ms: u64,
+    /// How often to look, in milliseconds.
+    pub poll_interval_ms: u64,
+}
+
+impl Resource for ServiceSpec {
+    fn kind(&self) -> &'static str {
+        "service"
+    }
+
+    fn name(&self) -> String {
+        self.unit.clone()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![Probe::Unit {
+            name: self.unit.clone(),
+        }]
+    }
+
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        let found = facts.unit(&self.probes()[0])?;
+        let prop = |k: &str| found.and_then(|u| u.properties.get(k).cloned());
+        let mut d = Delta::new(if found.is_some() {
+            Action::Update
+        } else {
+            Action::Create
+        });
+        let enabled = prop("UnitFileState");
+        let want_enabled = if self.enabled { "enabled" } else { "disabled" };
+        if enabled.as_deref() != Some(want_enabled) {
+            d = d.attr(Attribute::change(
+                "enabled",
+                enabled,
+                Some(want_enabled.into()),
+            ));
+        }
+        let state = match (prop("ActiveState"), prop("SubState")) {
+            (Some(a), Some(s)) => Some(format!("{a} ({s})")),
+            _ => None,
+        };
+        if state.as_deref() != Some("active (running)") {
+            d = d.attr(Attribute::change(
+                "state",
+                state,
+                Some("active (running)".into()),
+            ));
+        }
+        if let Some(r) = &self.readiness
+            && !d.attributes.is_empty()
+        {
+            d = d.reason(format!(
+                "after starting: wait until {} lists `{}` (deadline {}s, a hang is called after {}s without log progress)",
+                r.url,
+                r.served_model_name,
+                r.deadline_ms / 1000,
+                r.stall_timeout_ms / 1000
+            ));
+        }
+        Ok((!d.attributes.is_empty()).then_some(d))
+    }
+}

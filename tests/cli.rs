@@ -1,0 +1,229 @@
+//! The command line as a user meets it: exit codes, error text for a corpus of bad
+//! inventories (snapshotted), the offline plan and the rendered unit of llm-two.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+
+fn provision() -> Command {
+    let mut cmd = Command::cargo_bin("provision").unwrap();
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .env_remove("PVE_TOKEN")
+        .env_remove("HF_TOKEN");
+    cmd
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str]) -> Run {
+    let out = provision().args(args).output().unwrap();
+    Run {
+        code: out.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn validate_llm_two() {
+    let r = run(&["validate", "inventory/llm-two.yaml"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("is valid: 1 node(s), 1 container(s)"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn validate_examples() {
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")).unwrap()
+    {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let rel = format!("examples/{}", path.file_name().unwrap().to_string_lossy());
+            let r = run(&["validate", &rel]);
+            assert_eq!(r.code, 0, "{rel}: {}", r.stderr);
+        }
+    }
+}
+
+/// Each bad inventory: exit 1, a clear error pointing into the file, never a panic.
+#[test]
+fn bad_inventories() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "the corpus shrank: {names:?}");
+    for name in names {
+        let rel = format!("tests/fixtures/bad/{name}");
+        let r = run(&["validate", &rel]);
+        assert_eq!(r.code, 1, "{rel} should fail with 1: {}", r.stderr);
+        assert!(
+            !r.stderr.contains("panicked"),
+            "{rel} panicked: {}",
+            r.stderr
+        );
+        assert!(r.stderr.starts_with("error: "), "{rel}: {}", r.stderr);
+        assert!(r.stdout.is_empty(), "{rel} printed a result: {}", r.stdout);
+        if name != "empty.yaml" {
+            assert!(
+                r.stderr.contains(&format!("{rel}:")),
+                "{rel}: no file:line:col in {}",
+                r.stderr
+            );
+        }
+        // The same file fails the same way in every command that reads it.
+        let p = run(&["plan", "--offline", &rel]);
+        assert_eq!(
+            (p.code, &p.stderr),
+            (1, &r.stderr),
+            "{rel}: plan differs from validate"
+        );
+        insta::assert_snapshot!(format!("bad__{}", name.replace('.', "_")), r.stderr);
+    }
+}
+
+#[test]
+fn inline_token_is_never_printed() {
+    let r = run(&["validate", "tests/fixtures/bad/inline-token.yaml"]);
+    assert!(!r.stderr.contains("secret-value"), "{}", r.stderr);
+    let r = run(&[
+        "plan",
+        "--offline",
+        "--json",
+        "tests/fixtures/bad/inline-token.yaml",
+    ]);
+    assert!(!r.stderr.contains("secret-value") && !r.stdout.contains("secret-value"));
+}
+
+#[test]
+fn missing_file() {
+    let r = run(&["validate", "inventory/nope.yaml"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("error: cannot read inventory/nope.yaml"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn offline_plan_of_llm_two() {
+    let r = run(&["plan", "--offline", "inventory/llm-two.yaml"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    insta::assert_snapshot!("plan_offline_llm_two", r.stdout);
+    let r = run(&[
+        "plan",
+        "--offline",
+        "--detailed-exitcode",
+        "inventory/llm-two.yaml",
+    ]);
+    assert_eq!(
+        r.code, 2,
+        "changes pending must exit 2 with --detailed-exitcode"
+    );
+}
+
+#[test]
+fn offline_plan_json_is_stable_and_complete() {
+    let r = run(&["plan", "--offline", "--json", "inventory/llm-two.yaml"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(plan["format_version"], 1);
+    assert_eq!(plan["mode"], "offline");
+    // The JSON round-trips into the plan type apply executes.
+    let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(typed.summary.create, 13);
+    insta::assert_json_snapshot!("plan_offline_llm_two_json", plan);
+}
+
+#[test]
+fn online_commands_say_what_they_cannot_do_yet() {
+    for args in [
+        &["plan", "inventory/llm-two.yaml"][..],
+        &["check", "inventory/llm-two.yaml"][..],
+        &["apply", "--yes", "inventory/llm-two.yaml"][..],
+    ] {
+        let r = run(args);
+        assert_eq!(r.code, 1, "{args:?}");
+        assert!(r.stderr.contains("not built"), "{args:?}: {}", r.stderr);
+        assert!(r.stderr.contains("hint:"), "{args:?}: {}", r.stderr);
+    }
+}
+
+#[test]
+fn schema_is_json_schema_of_the_inventory() {
+    let r = run(&["schema"]);
+    assert_eq!(r.code, 0);
+    let schema: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(schema["title"], "Inventory");
+    assert!(schema["properties"]["nodes"].is_object());
+    let service = &schema["$defs"]["Service"]["properties"];
+    assert!(
+        service["served_model_name"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/models")
+    );
+    assert_eq!(schema["$defs"]["Service"]["additionalProperties"], false);
+}
+
+#[test]
+fn render_writes_one_file_per_target_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let r = run(&["render", "inventory/llm-two.yaml", "--out", out]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let unit = std::fs::read_to_string(
+        dir.path()
+            .join("guest/llm-two/etc/systemd/system/sglang-qwen.service"),
+    )
+    .unwrap();
+    insta::assert_snapshot!("sglang_qwen_unit", unit);
+    for f in [
+        "guest/llm-two/etc/profile.d/cuda.sh",
+        "node/pve/etc/pve/lxc/129.conf.d/gpu-passthrough.conf",
+    ] {
+        assert!(
+            dir.path().join(f).is_file(),
+            "{f} missing; printed: {}",
+            r.stdout
+        );
+    }
+    assert_eq!(r.stdout.lines().count(), 3, "{}", r.stdout);
+}
+
+#[test]
+fn color_only_when_asked_or_on_a_terminal() {
+    let r = run(&["plan", "--offline", "inventory/llm-two.yaml"]);
+    assert!(!r.stdout.contains('\u{1b}'), "no colour when piped");
+    let out = provision()
+        .args([
+            "--color",
+            "always",
+            "plan",
+            "--offline",
+            "inventory/llm-two.yaml",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains('\u{1b}'));
+}
+
+#[test]
+fn quiet_keeps_results_and_errors() {
+    let r = run(&["-q", "validate", "inventory/llm-two.yaml"]);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.contains("is valid"));
+    let r = run(&["-q", "validate", "tests/fixtures/bad/empty.yaml"]);
+    assert!(r.stderr.contains("error:"));
+}

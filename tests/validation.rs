@@ -1,0 +1,327 @@
+//! Every validation rule, on the llm-two inventory with one thing broken: the message,
+//! the position it points at, and the hint.
+
+use std::path::Path;
+
+use provision::diagnostic::Diagnostics;
+use provision::engine::desired::Library;
+use provision::inventory::load::{Loaded, parse_bytes};
+use provision::inventory::validate::validate;
+
+const LLM_TWO: &str = include_str!("../inventory/llm-two.yaml");
+
+/// Replaces `from` with `to` in llm-two (exactly once) and validates the result.
+fn broken(from: &str, to: &str) -> String {
+    assert_eq!(
+        LLM_TWO.matches(from).count(),
+        1,
+        "`{from}` must occur once in llm-two.yaml"
+    );
+    check(&LLM_TWO.replacen(from, to, 1)).expect_err("the broken inventory must not validate")
+}
+
+/// Parses and validates `yaml`; the rendered errors when it fails.
+fn check(yaml: &str) -> Result<(), String> {
+    let path = Path::new("inventory/llm-two.yaml");
+    let (inventory, source) = parse_bytes(path, yaml.as_bytes()).map_err(|d| d.render(false))?;
+    let loaded = Loaded {
+        path: path.to_path_buf(),
+        base_dir: Path::new("inventory").to_path_buf(),
+        source,
+        inventory,
+    };
+    let library = Library::load(&loaded).map_err(|d| d.render(false))?;
+    validate(&loaded, &library.roles.names()).map_err(|d: Diagnostics| d.render(false))?;
+    provision::engine::desired::desired_state(&loaded, &library, &|_| None)
+        .map(|_| ())
+        .map_err(|d| d.render(false))
+}
+
+fn line_of(needle: &str) -> usize {
+    LLM_TWO
+        .lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in llm-two")
+        + 1
+}
+
+#[test]
+fn llm_two_is_valid() {
+    check(LLM_TWO).unwrap();
+}
+
+#[test]
+fn vmid_out_of_range() {
+    let e = broken("vmid: 129", "vmid: 99");
+    assert!(e.contains("vmid 99 is out of range"), "{e}");
+    assert!(
+        e.contains(&format!(
+            "inventory/llm-two.yaml:{}:15",
+            line_of("vmid: 129")
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("hint: Proxmox container IDs run from 100 to 999999999"),
+        "{e}"
+    );
+    let e = broken("vmid: 129", "vmid: 1000000000");
+    assert!(e.contains("out of range"), "{e}");
+}
+
+#[test]
+fn duplicate_vmid_on_a_node() {
+    let second = "      llm-three:\n        vmid: 129\n        template: local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst\n        cores: 2\n        memory: 2G\n        rootfs: { storage: local-zfs, size: 8G }\n        network:\n          - { bridge: vmbr0, ip: 10.1.230.175/24 }\n";
+    let yaml = LLM_TWO.replacen(
+        "    containers:\n",
+        &format!("    containers:\n{second}"),
+        1,
+    );
+    let e = check(&yaml).unwrap_err();
+    assert!(e.contains("vmid 129 is used twice on node `pve`"), "{e}");
+    assert!(
+        e.contains("hint: container `llm-three` already has it"),
+        "{e}"
+    );
+}
+
+#[test]
+fn relative_path_is_refused() {
+    let e = broken("path: /root/ml-env", "path: root/ml-env");
+    assert!(e.contains("`root/ml-env` is a relative path"), "{e}");
+    assert!(
+        e.contains("hint: write it from the root, e.g. `/root/ml-env`"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(":{}:17", line_of("path: /root/ml-env"))),
+        "{e}"
+    );
+}
+
+#[test]
+fn service_model_must_be_declared() {
+    let e = broken("model: qwen3.5-122b", "model: qwen3.5-122");
+    assert!(
+        e.contains("serves model `qwen3.5-122`, which is not declared"),
+        "{e}"
+    );
+    assert!(e.contains("did you mean `qwen3.5-122b`?"), "{e}");
+}
+
+#[test]
+fn model_path_must_be_inside_a_mount() {
+    let e = broken(
+        "path: /shared/models/Qwen3.5-122B-A10B",
+        "path: /srv/models/Qwen3.5-122B-A10B",
+    );
+    assert!(
+        e.contains(
+            "model `qwen3.5-122b` at `/srv/models/Qwen3.5-122B-A10B` is outside every mount"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("hint: put it under a mount (/shared)"), "{e}");
+}
+
+#[test]
+fn tp_cannot_exceed_passed_through_gpus() {
+    let e = broken("devices: [0, 1, 2, 3]", "devices: [0, 1]");
+    assert!(
+        e.contains("tp 4 is more than the 2 GPU(s) passed through to `llm-two`"),
+        "{e}"
+    );
+    assert!(e.contains(&format!(":{}:17", line_of("tp: 4"))), "{e}");
+}
+
+#[test]
+fn duplicate_ports_and_units() {
+    let svc = LLM_TWO.split("          sglang-qwen:\n").nth(1).unwrap();
+    let twin = format!("          sglang-twin:\n{svc}");
+    let yaml = format!("{LLM_TWO}{twin}");
+    let e = check(&yaml).unwrap_err();
+    assert!(
+        e.contains("port 30000 is used by services `sglang-qwen` and `sglang-twin`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn newline_smuggled_into_a_flag() {
+    let e = broken(
+        "attention_backend: triton",
+        "attention_backend: \"triton\\n--evil\"",
+    );
+    assert!(
+        e.contains("not a valid name") || e.contains("newline"),
+        "{e}"
+    );
+    let e = broken(
+        "SGLANG_ENABLE_SPEC_V2: \"1\"",
+        "SGLANG_ENABLE_SPEC_V2: \"1\\nExecStartPre=/bin/sh\"",
+    );
+    assert!(
+        e.contains("contains a newline, which would reach a command line or a unit file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn control_characters_in_extra_args() {
+    let e = broken(
+        "tp: 4",
+        "tp: 4\n            extra_args: [\"--x=\\u001b[2J\"]",
+    );
+    assert!(e.contains("U+001B"), "{e}");
+}
+
+#[test]
+fn unknown_field_suggests_the_right_one() {
+    let e = broken("tp: 4", "tpp: 4");
+    assert!(e.contains("unknown field `tpp`"), "{e}");
+    assert!(e.contains("hint: did you mean `tp`?"), "{e}");
+}
+
+#[test]
+fn wrong_type() {
+    let e = broken("cores: 32", "cores: many");
+    assert!(e.contains(&format!(":{}:", line_of("cores: 32"))), "{e}");
+}
+
+#[test]
+fn unquoted_versions_lose_zeros() {
+    let e = broken("version: \"13.0\"", "version: 13.0");
+    assert!(e.contains("read as the number 13"), "{e}");
+    assert!(e.contains("hint: quote it"), "{e}");
+}
+
+#[test]
+fn sizes_need_units() {
+    let e = broken("memory: 256G", "memory: 256");
+    assert!(e.contains("`256` has no unit"), "{e}");
+    assert!(
+        e.contains("hint: write a unit: `256M` for MiB or `256G` for GiB"),
+        "{e}"
+    );
+}
+
+#[test]
+fn inline_secrets_are_refused_and_never_echoed() {
+    let e = broken(
+        "token: { env: PVE_TOKEN }",
+        "token: root@pam!ci=0b4e-very-secret",
+    );
+    assert!(
+        e.contains("secrets must not be written in the inventory"),
+        "{e}"
+    );
+    assert!(!e.contains("very-secret"), "the secret was echoed: {e}");
+    assert!(e.contains("hint: reference it instead"), "{e}");
+}
+
+#[test]
+fn unpinned_packages_are_refused() {
+    let e = broken("- torch==2.9.1", "- torch>=2.9");
+    assert!(e.contains("`torch>=2.9` is not pinned"), "{e}");
+}
+
+#[test]
+fn sglang_revision_must_be_a_commit() {
+    let rev = LLM_TWO
+        .lines()
+        .find(|l| l.contains("revision:") && !l.contains("main"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let e = broken(&rev, "revision: main");
+    assert!(e.contains("`main` is not a pinned commit"), "{e}");
+}
+
+#[test]
+fn restart_policy_must_end_a_crash_loop() {
+    let e = broken(
+        "tp: 4",
+        "tp: 4\n            restart: { delay: 5m, start_limit_burst: 3, start_limit_interval: 10m }",
+    );
+    assert!(
+        e.contains("a crash loop would never hit the start limit"),
+        "{e}"
+    );
+}
+
+#[test]
+fn readiness_stall_shorter_than_deadline() {
+    let e = broken("stall_timeout: 5m", "stall_timeout: 45m");
+    assert!(
+        e.contains("stall_timeout is not shorter than the deadline"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_role_suggests() {
+    let e = broken("sglang]", "sglan]");
+    assert!(e.contains("unknown role `sglan`"), "{e}");
+    assert!(e.contains("did you mean `sglang`?"), "{e}");
+}
+
+#[test]
+fn role_needs_its_section() {
+    let start = LLM_TWO.find("        cuda:\n").unwrap();
+    let end = LLM_TWO[start..].find("\n\n").unwrap() + start + 2;
+    let yaml = format!("{}{}", &LLM_TWO[..start], &LLM_TWO[end..]);
+    let e = check(&yaml).unwrap_err();
+    assert!(e.contains("role `cuda` needs a `cuda:` section"), "{e}");
+}
+
+#[test]
+fn tls_needs_exactly_one_trust() {
+    let e = broken(
+        "ca_file: pve-root-ca.pem",
+        "ca_file: pve-root-ca.pem\n        fingerprint: \"AB\"",
+    );
+    assert!(e.contains("names both a fingerprint and a CA file"), "{e}");
+    let e = broken("ca_file: pve-root-ca.pem", "fingerprint: \"AB:CD\"");
+    assert!(e.contains("is not a SHA-256 fingerprint"), "{e}");
+}
+
+#[test]
+fn api_must_be_https() {
+    let e = broken("url: https://10.1.2.6:8006", "url: http://10.1.2.6:8006");
+    assert!(e.contains("is not https"), "{e}");
+}
+
+#[test]
+fn gateway_outside_subnet() {
+    let e = broken("gateway: 10.1.230.1", "gateway: 10.1.231.1");
+    assert!(
+        e.contains("gateway 10.1.231.1 is outside 10.1.230.174/24"),
+        "{e}"
+    );
+}
+
+#[test]
+fn extra_args_must_not_repeat_typed_flags() {
+    let e = broken("tp: 4", "tp: 4\n            extra_args: [\"--tp\", \"2\"]");
+    assert!(
+        e.contains("`--tp` in extra_args repeats a typed field"),
+        "{e}"
+    );
+    assert!(e.contains("hint: set `tp` instead"), "{e}");
+}
+
+#[test]
+fn all_problems_are_reported_together() {
+    let yaml = LLM_TWO.replacen("vmid: 129", "vmid: 5", 1).replacen(
+        "kv_cache_dtype: bf16",
+        "kv_cache_dtype: bf16\n            mem_fraction_static: 1.5",
+        1,
+    );
+    let e = check(&yaml).unwrap_err();
+    assert!(e.contains("vmid 5 is out of range"), "{e}");
+    assert!(
+        e.contains("mem_fraction_static 1.5 is not between 0 and 1"),
+        "{e}"
+    );
+    assert!(e.contains("2 errors"), "{e}");
+}
