@@ -227,3 +227,18 @@ fn quiet_keeps_results_and_errors() {
     let r = run(&["-q", "validate", "tests/fixtures/bad/empty.yaml"]);
     assert!(r.stderr.contains("error:"));
 }
+
+/// Editors read docs/inventory.schema.json (the inventories' `$schema` comment): it must be
+/// what `provision schema` prints today.
+#[test]
+fn committed_schema_is_current() {
+    let r = run(&["schema"]);
+    let committed = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/inventory.schema.json"),
+    )
+    .unwrap();
+    assert!(
+        committed == r.stdout,
+        "docs/inventory.schema.json is stale: run `cargo run -q -- schema > docs/inventory.schema.json`"
+    );
+}
