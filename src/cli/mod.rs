@@ -1,6 +1,7 @@
 //! The command line: one file per command, each a `run(args, printer)` returning an
 //! [`ExitStatus`]. Errors are printed here, once, as `error:` + `Caused by:` + `hint:`.
 
+pub mod agent;
 pub mod apply;
 pub mod check;
 pub mod gpu;
@@ -88,6 +89,9 @@ enum Command {
     Model(model::ModelArgs),
     /// Read GPU facts and run GPU checks on this machine.
     Gpu(gpu::GpuArgs),
+    /// Serve one request on a target (provision runs this over SSH).
+    #[command(hide = true)]
+    Agent(agent::AgentArgs),
 }
 
 /// Parses the command line, runs the command, prints any error, returns the exit code.
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::Schema(args) => schema::run(args, &printer),
         Command::Model(args) => model::run(args, &printer),
         Command::Gpu(args) => gpu::run(args, &printer),
+        Command::Agent(args) => agent::run(args, &printer),
     };
     match result {
         Ok(status) => status.into(),

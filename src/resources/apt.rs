@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -67,5 +68,12 @@ impl Resource for AptSpec {
             d.action = Action::Create;
         }
         Ok(Some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        // One transaction for all of them; apt leaves the ones already right alone.
+        Ok(vec![Step::AptInstall {
+            packages: self.packages.clone(),
+        }])
     }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::Container;
 use crate::plan::{Action, Attribute};
@@ -148,6 +149,10 @@ impl Resource for ContainerSpec {
             }
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Err("creating and changing containers through the Proxmox API is not built yet".into())
     }
 }
 

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource, mode_text};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -62,5 +63,14 @@ impl Resource for DirectorySpec {
             ));
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Ok(vec![Step::Mkdir {
+            path: self.path.clone(),
+            owner: self.owner.clone(),
+            group: self.group.clone(),
+            mode: self.mode,
+        }])
     }
 }

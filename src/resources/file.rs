@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{Delta, Resource, mode_text, unified_diff};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -90,5 +91,15 @@ impl Resource for FileSpec {
             });
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Ok(vec![Step::WriteFile {
+            path: self.path.clone(),
+            content: self.content.clone(),
+            owner: self.owner.clone(),
+            group: self.group.clone(),
+            mode: self.mode,
+        }])
     }
 }

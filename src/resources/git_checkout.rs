@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -60,5 +61,13 @@ impl Resource for GitCheckoutSpec {
             }
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Ok(vec![Step::GitCheckout {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            path: self.path.clone(),
+        }])
     }
 }

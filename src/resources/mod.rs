@@ -17,6 +17,7 @@ pub mod venv;
 
 use serde::{Deserialize, Serialize};
 
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -99,6 +100,9 @@ pub trait Resource {
     fn probes(&self) -> Vec<Probe>;
     /// Compares with the answers; `None` when it already matches.
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead>;
+    /// The steps that carry out a change of `action`, run on the target in order. An
+    /// `Err` says what is not built yet; apply refuses the whole plan before any step.
+    fn steps(&self, action: Action) -> Result<Vec<Step>, String>;
 }
 
 /// Where a resource lives.

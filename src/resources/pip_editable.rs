@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute};
@@ -21,6 +22,15 @@ pub struct PipEditableSpec {
     /// Extras, e.g. `all`.
     #[serde(default)]
     pub extras: Vec<String>,
+    /// `--index-url` for its dependencies.
+    #[serde(default)]
+    pub index_url: Option<String>,
+    /// `--extra-index-url`s.
+    #[serde(default)]
+    pub extra_index_urls: Vec<String>,
+    /// `--no-index --find-links` folder on the target.
+    #[serde(default)]
+    pub wheelhouse: Option<String>,
 }
 
 impl Resource for PipEditableSpec {
@@ -60,5 +70,21 @@ impl Resource for PipEditableSpec {
             d = d.attr(Attribute::new("extras", self.extras.join(",")));
         }
         Ok(Some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        let source = if self.extras.is_empty() {
+            self.source.clone()
+        } else {
+            format!("{}[{}]", self.source, self.extras.join(","))
+        };
+        Ok(vec![Step::PipInstall {
+            venv: self.venv.clone(),
+            requirements: vec![source],
+            editable: true,
+            index_url: self.index_url.clone(),
+            extra_index_urls: self.extra_index_urls.clone(),
+            wheelhouse: self.wheelhouse.clone(),
+        }])
     }
 }

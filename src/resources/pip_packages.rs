@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute};
@@ -75,5 +76,16 @@ impl Resource for PipPackagesSpec {
             d = d.reason(format!("installed from {src}"));
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Ok(vec![Step::PipInstall {
+            venv: self.venv.clone(),
+            requirements: self.packages.clone(),
+            editable: false,
+            index_url: self.index_url.clone(),
+            extra_index_urls: self.extra_index_urls.clone(),
+            wheelhouse: self.wheelhouse.clone(),
+        }])
     }
 }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -77,5 +78,9 @@ impl Resource for PveLinesSpec {
             d.action = Action::Create;
         }
         Ok(Some(d))
+    }
+
+    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+        Err("root-only Proxmox config edits over SSH to the node are not built yet".into())
     }
 }

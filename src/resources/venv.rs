@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute};
 
@@ -47,5 +48,13 @@ impl Resource for VenvSpec {
                     .reason("a venv cannot change its Python in place; it is made again and its packages reinstalled"),
             )),
         }
+    }
+
+    fn steps(&self, action: Action) -> Result<Vec<Step>, String> {
+        Ok(vec![Step::CreateVenv {
+            path: self.path.clone(),
+            python: self.python.clone(),
+            replace: action == Action::Replace,
+        }])
     }
 }

@@ -1,0 +1,318 @@
+//! The client side of the agent: make sure the target has this very binary (by sha256),
+//! then send it one request. When the binary is already there, a request is one round
+//! trip; the first contact costs one more, to push it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::steps::Step;
+use super::{Event, PROTOCOL_VERSION, Request};
+use crate::engine::facts::{Fact, Probe};
+use crate::transport::{Transport, TransportError, shell_quote};
+
+/// Where agents live on targets, unless `PROVISION_AGENT_DIR` says otherwise (tests).
+pub const DEFAULT_AGENT_DIR: &str = "/var/lib/provision";
+
+/// Marker the remote script prints when the agent binary is not there yet.
+const MISSING: &str = "provision-agent-missing";
+/// Marker the remote script prints when the binary is there but cannot run.
+const EXEC_FAILED: &str = "provision-agent-exec-failed";
+
+/// Why talking to the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The command could not be run at all.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The target cannot execute this binary.
+    #[error("{target} cannot run provision's agent ({detail})")]
+    CannotRun {
+        /// The target.
+        target: String,
+        /// What was seen (architecture, loader error).
+        detail: String,
+    },
+    /// The agent answered something unexpected.
+    #[error("the agent on {target} answered unexpectedly: {detail}")]
+    Protocol {
+        /// The target.
+        target: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A probe could not be answered (which must not be taken as "absent").
+    #[error("cannot read {what} on {target}: {error}")]
+    Probe {
+        /// The target.
+        target: String,
+        /// The probe, described.
+        what: String,
+        /// Why.
+        error: String,
+    },
+    /// Pushing the binary failed.
+    #[error("cannot install the agent on {target}: {detail}")]
+    Push {
+        /// The target.
+        target: String,
+        /// Why.
+        detail: String,
+    },
+}
+
+/// This binary, as it is pushed to targets.
+#[derive(Debug)]
+pub struct AgentBinary {
+    path: PathBuf,
+    sha256: String,
+    bytes: OnceLock<Vec<u8>>,
+}
+
+impl AgentBinary {
+    /// The running executable, or `PROVISION_AGENT_BINARY` when set.
+    pub fn current() -> std::io::Result<Self> {
+        let path = match std::env::var_os("PROVISION_AGENT_BINARY") {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()?,
+        };
+        Self::from_path(path)
+    }
+
+    /// The provision binary at `path`.
+    pub fn from_path(path: PathBuf) -> std::io::Result<Self> {
+        let bytes = std::fs::read(&path)?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let cell = OnceLock::new();
+        let _ = cell.set(bytes);
+        Ok(AgentBinary {
+            path,
+            sha256,
+            bytes: cell,
+        })
+    }
+
+    /// The binary's sha256.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.bytes
+            .get_or_init(|| std::fs::read(&self.path).unwrap_or_default())
+    }
+}
+
+/// Talks to the agent on one target.
+pub struct AgentClient {
+    transport: Arc<dyn Transport>,
+    binary: Arc<AgentBinary>,
+    dir: String,
+    timeout: Duration,
+}
+
+/// How one step of an apply went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// What it did.
+    pub description: String,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// How long it took.
+    pub millis: u64,
+}
+
+impl AgentClient {
+    /// A client for `transport`'s target.
+    pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
+        let dir =
+            std::env::var("PROVISION_AGENT_DIR").unwrap_or_else(|_| DEFAULT_AGENT_DIR.to_string());
+        AgentClient {
+            transport,
+            binary,
+            dir,
+            timeout: Duration::from_secs(3600),
+        }
+    }
+
+    /// Keeps agents under `dir` on the target instead of the default.
+    pub fn with_dir(mut self, dir: &str) -> Self {
+        self.dir = dir.to_string();
+        self
+    }
+
+    /// The target, for messages.
+    pub fn target(&self) -> String {
+        self.transport.describe()
+    }
+
+    fn remote_binary(&self) -> String {
+        format!("{}/bin/provision-{}", self.dir, &self.binary.sha256[..16])
+    }
+
+    /// Sends one request; pushes the binary first if the target lacks it.
+    pub fn call(&self, request: &Request) -> Result<Vec<Event>, AgentError> {
+        let body = serde_json::to_vec(request).map_err(|e| AgentError::Protocol {
+            target: self.target(),
+            detail: e.to_string(),
+        })?;
+        let bin = shell_quote(&self.remote_binary());
+        let script = format!(
+            "p={bin}; if [ ! -x \"$p\" ]; then echo {MISSING}; exit 0; fi; \"$p\" agent; rc=$?; \
+             if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
+        );
+        let mut out = self.transport.exec(&script, &body, self.timeout)?;
+        if out.stdout_text().trim() == MISSING {
+            self.push()?;
+            out = self.transport.exec(&script, &body, self.timeout)?;
+        }
+        let stderr = out.stderr_text();
+        if stderr.contains(EXEC_FAILED) {
+            let arch = stderr
+                .split("arch=")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .unwrap_or("?");
+            let first = stderr.lines().next().unwrap_or("").to_string();
+            let detail = if stderr.contains("GLIBC") {
+                format!("its C library is older than the one provision was built against: {first}")
+            } else {
+                format!(
+                    "it is {arch}; this provision is built for {}: {first}",
+                    std::env::consts::ARCH
+                )
+            };
+            return Err(AgentError::CannotRun {
+                target: self.target(),
+                detail,
+            });
+        }
+        let mut events = Vec::new();
+        for line in out.stdout_text().lines().filter(|l| !l.trim().is_empty()) {
+            let event: Event = serde_json::from_str(line).map_err(|e| AgentError::Protocol {
+                target: self.target(),
+                detail: format!("{e} in `{line}`"),
+            })?;
+            events.push(event);
+        }
+        match events.first() {
+            Some(Event::Hello { protocol, .. }) if *protocol == PROTOCOL_VERSION => {}
+            _ => {
+                return Err(AgentError::Protocol {
+                    target: self.target(),
+                    detail: format!(
+                        "no greeting (exit {:?}): {}",
+                        out.status,
+                        stderr.lines().take(5).collect::<Vec<_>>().join(" / ")
+                    ),
+                });
+            }
+        }
+        if let Some(Event::BadRequest { error }) = events.get(1) {
+            return Err(AgentError::Protocol {
+                target: self.target(),
+                detail: error.clone(),
+            });
+        }
+        Ok(events)
+    }
+
+    /// Installs this binary on the target, checked by sha256, and removes older ones.
+    fn push(&self) -> Result<(), AgentError> {
+        let dir = shell_quote(&format!("{}/bin", self.dir));
+        let dest = shell_quote(&self.remote_binary());
+        let sha = &self.binary.sha256;
+        let script = format!(
+            "set -e; umask 022; mkdir -p {dir}; t=$(mktemp {dir}/.push.XXXXXX); cat > \"$t\"; \
+             sum=$(sha256sum \"$t\" | cut -d' ' -f1); \
+             if [ \"$sum\" != {sha} ]; then rm -f \"$t\"; echo \"checksum $sum after transfer\" >&2; exit 3; fi; \
+             chmod 755 \"$t\"; mv -f \"$t\" {dest}; \
+             find {dir} -maxdepth 1 -name 'provision-*' ! -path {dest} -delete"
+        );
+        let out = self
+            .transport
+            .exec(&script, self.binary.bytes(), Duration::from_secs(600))?;
+        if !out.success() {
+            return Err(AgentError::Push {
+                target: self.target(),
+                detail: out.stderr_text().trim().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Answers every probe in one request; a probe without an answer is an error.
+    pub fn probe(&self, probes: &[Probe]) -> Result<HashMap<Probe, Fact>, AgentError> {
+        let events = self.call(&Request::Probe {
+            probes: probes.to_vec(),
+        })?;
+        let answers = events
+            .into_iter()
+            .find_map(|e| match e {
+                Event::Facts { answers } => Some(answers),
+                _ => None,
+            })
+            .ok_or_else(|| AgentError::Protocol {
+                target: self.target(),
+                detail: "no facts in the answer".into(),
+            })?;
+        let mut facts = HashMap::new();
+        for a in answers {
+            match (a.fact, a.error) {
+                (Some(f), None) => {
+                    facts.insert(a.probe, f);
+                }
+                (_, error) => {
+                    return Err(AgentError::Probe {
+                        target: self.target(),
+                        what: format!("{:?}", a.probe),
+                        error: error.unwrap_or_else(|| "no answer".into()),
+                    });
+                }
+            }
+        }
+        for p in probes {
+            if !facts.contains_key(p) {
+                return Err(AgentError::Probe {
+                    target: self.target(),
+                    what: format!("{p:?}"),
+                    error: "the agent did not answer it".into(),
+                });
+            }
+        }
+        Ok(facts)
+    }
+
+    /// Runs the steps in order on the target; the outcomes of those that ran (the last
+    /// one failed if the list is shorter than `steps`, or carries an error).
+    pub fn apply(&self, steps: &[Step]) -> Result<Vec<StepOutcome>, AgentError> {
+        let events = self.call(&Request::Apply {
+            steps: steps.to_vec(),
+        })?;
+        let mut outcomes = Vec::new();
+        let mut pending: Option<String> = None;
+        for e in events {
+            match e {
+                Event::StepStarted { description, .. } => pending = Some(description),
+                Event::StepDone { error, millis, .. } => outcomes.push(StepOutcome {
+                    description: pending.take().unwrap_or_default(),
+                    error,
+                    millis,
+                }),
+                _ => {}
+            }
+        }
+        if let Some(description) = pending {
+            // Started and never finished: the agent died in the middle of it.
+            outcomes.push(StepOutcome {
+                description,
+                error: Some("the agent stopped during this step".into()),
+                millis: 0,
+            });
+        }
+        Ok(outcomes)
+    }
+}

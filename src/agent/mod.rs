@@ -1,0 +1,162 @@
+//! What runs on the target. provision pushes its own binary there (content-addressed
+//! under `/var/lib/provision/`) and runs `provision agent`, which reads one JSON
+//! [`Request`] on stdin and answers with JSON lines on stdout: all facts of a host in one
+//! round trip, all steps of an apply in one more, and large work (hashing, downloads) next
+//! to the data instead of through the workstation.
+
+pub mod client;
+pub mod probe;
+pub mod steps;
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::facts::{Fact, ModelFact, Probe};
+use steps::Step;
+
+/// Bumped whenever the request or event format changes incompatibly; the client refuses
+/// an agent speaking another version (the binary's hash changes anyway).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What the client asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Answer these probes.
+    Probe {
+        /// The probes.
+        probes: Vec<Probe>,
+    },
+    /// Run these steps in order, stopping at the first failure.
+    Apply {
+        /// The steps.
+        steps: Vec<Step>,
+    },
+}
+
+/// One probe's answer, or why it has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The probe.
+    pub probe: Probe,
+    /// The fact, when it could be read.
+    pub fact: Option<Fact>,
+    /// Why it could not be read.
+    pub error: Option<String>,
+}
+
+/// What the agent says, one JSON object per line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The first line: who is answering.
+    Hello {
+        /// [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// provision's version.
+        version: String,
+    },
+    /// Answers to a probe request.
+    Facts {
+        /// One per probe, in order.
+        answers: Vec<Answer>,
+    },
+    /// A step began.
+    StepStarted {
+        /// Its index in the request.
+        index: usize,
+        /// What it does.
+        description: String,
+    },
+    /// A step ended.
+    StepDone {
+        /// Its index.
+        index: usize,
+        /// Why it failed, if it did.
+        error: Option<String>,
+        /// How long it took.
+        millis: u64,
+    },
+    /// The request could not be read.
+    BadRequest {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Runs the agent: one request from `input`, events to `output`.
+pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result<()> {
+    let mut emit = |e: &Event| -> std::io::Result<()> {
+        let line = serde_json::to_string(e).map_err(std::io::Error::other)?;
+        writeln!(output, "{line}")?;
+        output.flush()
+    };
+    emit(&Event::Hello {
+        protocol: PROTOCOL_VERSION,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    })?;
+    let mut text = String::new();
+    input.read_to_string(&mut text)?;
+    let request: Request = match serde_json::from_str(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            return emit(&Event::BadRequest {
+                error: e.to_string(),
+            });
+        }
+    };
+    match request {
+        Request::Probe { probes } => {
+            let answers = probes
+                .into_iter()
+                .map(|probe| match probe::answer(&probe) {
+                    Ok(fact) => Answer {
+                        probe,
+                        fact: Some(fact),
+                        error: None,
+                    },
+                    Err(error) => Answer {
+                        probe,
+                        fact: None,
+                        error: Some(error),
+                    },
+                })
+                .collect();
+            emit(&Event::Facts { answers })
+        }
+        Request::Apply { steps } => {
+            for (index, step) in steps.iter().enumerate() {
+                emit(&Event::StepStarted {
+                    index,
+                    description: step.describe(),
+                })?;
+                let started = Instant::now();
+                let result = step.run();
+                let failed = result.is_err();
+                emit(&Event::StepDone {
+                    index,
+                    error: result.err(),
+                    millis: started.elapsed().as_millis() as u64,
+                })?;
+                if failed {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A model folder's verification record, summarised for the planner.
+pub fn model_fact(path: &Path) -> Result<Option<ModelFact>, String> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    Err(format!(
+        "{} exists, but reading model verification records is not built yet (model store issue)",
+        path.display()
+    ))
+}

@@ -1,0 +1,21 @@
+//! `provision agent`: what runs on a target (see `src/agent/`). Reads one JSON request on
+//! stdin and answers with JSON lines on stdout; not meant to be typed by people.
+
+use clap::Args;
+
+use super::ExitStatus;
+use crate::printer::Printer;
+
+/// Arguments of `provision agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {}
+
+/// Runs the agent on this machine.
+pub fn run(_args: &AgentArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let stdout = std::io::stdout();
+    let mut output = stdout.lock();
+    crate::agent::serve(&mut input, &mut output)?;
+    Ok(ExitStatus::Success)
+}

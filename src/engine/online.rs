@@ -1,0 +1,176 @@
+//! Planning against real targets and applying plans. Reading goes through [`ReadCtx`],
+//! which has no way to change a target; only [`apply`] builds a [`WriteCtx`], so `check`
+//! and `plan` cannot reach a write path by construction.
+
+use std::time::Instant;
+
+use super::facts::Facts;
+use super::{Desired, DesiredTarget, diff_target};
+use crate::agent::client::{AgentClient, AgentError, StepOutcome};
+use crate::agent::steps::Step;
+use crate::diagnostic::Diagnostic;
+use crate::plan::{Plan, PlanMode, Target, TargetPlan};
+
+/// Read access to one target.
+pub struct ReadCtx {
+    agent: AgentClient,
+}
+
+impl ReadCtx {
+    /// Read access through `agent`.
+    pub fn new(agent: AgentClient) -> Self {
+        ReadCtx { agent }
+    }
+
+    /// Answers all `probes` in one request.
+    pub fn facts(&self, desired: &DesiredTarget) -> Result<Facts, AgentError> {
+        let probes = desired.probes();
+        if probes.is_empty() {
+            return Ok(Facts::Read(Default::default()));
+        }
+        self.agent.probe(&probes).map(Facts::Read)
+    }
+}
+
+/// Write access to one target; made only by [`apply`].
+struct WriteCtx {
+    agent: AgentClient,
+}
+
+/// Plans `desired` against what `read` finds on each target.
+pub fn plan(
+    inventory: &str,
+    desired: &[DesiredTarget],
+    read: &mut dyn FnMut(&Target) -> anyhow::Result<ReadCtx>,
+) -> anyhow::Result<Plan> {
+    let mut targets = Vec::new();
+    for d in desired {
+        let ctx = read(&d.target)?;
+        targets.push(read_and_diff(&ctx, d)?);
+    }
+    Ok(Plan::new(inventory, PlanMode::Online, targets))
+}
+
+fn read_and_diff(ctx: &ReadCtx, desired: &DesiredTarget) -> anyhow::Result<TargetPlan> {
+    let facts = ctx.facts(desired)?;
+    Ok(diff_target(desired, &facts)?)
+}
+
+/// What one target's apply did.
+#[derive(Debug, Clone)]
+pub struct TargetOutcome {
+    /// The target.
+    pub target: Target,
+    /// Each step run, in order.
+    pub steps: Vec<StepOutcome>,
+    /// How long the target took, steps and verification.
+    pub millis: u64,
+}
+
+/// Executes exactly `plan`: every change's steps on its target, in order, then reads the
+/// changed resources again and fails unless they now match. Nothing runs if any change
+/// is of a kind that cannot be applied yet.
+pub fn apply(
+    plan: &Plan,
+    connect: &mut dyn FnMut(&Target) -> anyhow::Result<AgentClient>,
+    on_step: &mut dyn FnMut(&Target, &StepOutcome),
+) -> anyhow::Result<Vec<TargetOutcome>> {
+    let mut work: Vec<(&TargetPlan, Vec<Step>)> = Vec::new();
+    let mut unsupported = Vec::new();
+    for t in &plan.targets {
+        let mut steps = Vec::new();
+        for c in &t.changes {
+            match c.spec.resource().steps(c.action) {
+                Ok(s) => steps.extend(s),
+                Err(why) => unsupported.push(format!("{}: {why}", c.address)),
+            }
+        }
+        if !t.changes.is_empty() {
+            work.push((t, steps));
+        }
+    }
+    if !unsupported.is_empty() {
+        let mut d = Diagnostic::new("this plan cannot be applied yet; nothing was changed");
+        for u in unsupported {
+            d = d.cause(u);
+        }
+        return Err(d
+            .hint("apply the parts that can be with `--target guest.<name>`")
+            .into());
+    }
+    let mut outcomes = Vec::new();
+    for (t, steps) in work {
+        let started = Instant::now();
+        let ctx = WriteCtx {
+            agent: connect(&t.target)?,
+        };
+        let results = ctx.agent.apply(&steps)?;
+        for r in &results {
+            on_step(&t.target, r);
+        }
+        if let Some(failed) = results.iter().find(|r| r.error.is_some()) {
+            return Err(Diagnostic::new(format!(
+                "{} failed on {}",
+                failed.description,
+                t.target.heading()
+            ))
+            .cause(failed.error.clone().unwrap_or_default())
+            .hint("fix the cause and run apply again: steps already done are not repeated")
+            .into());
+        }
+        if results.len() < steps.len() {
+            return Err(Diagnostic::new(format!(
+                "the agent on {} stopped after {} of {} steps",
+                t.target.heading(),
+                results.len(),
+                steps.len()
+            ))
+            .into());
+        }
+        verify(&ctx, t)?;
+        outcomes.push(TargetOutcome {
+            target: t.target.clone(),
+            steps: results,
+            millis: started.elapsed().as_millis() as u64,
+        });
+    }
+    Ok(outcomes)
+}
+
+/// Reads the changed resources again: an apply that did not converge is an error.
+fn verify(ctx: &WriteCtx, t: &TargetPlan) -> anyhow::Result<()> {
+    let desired = DesiredTarget {
+        target: t.target.clone(),
+        resources: t
+            .changes
+            .iter()
+            .map(|c| Desired {
+                spec: c.spec.clone(),
+                role: c.role.clone(),
+            })
+            .collect(),
+    };
+    let facts = ctx.agent.probe(&desired.probes()).map(Facts::Read)?;
+    let after = diff_target(&desired, &facts)?;
+    // A service restarted because a dependency changed shows up as changed again only
+    // through that dependency, which is now in place; anything left differs for real.
+    if let Some(c) = after.changes.first() {
+        let mut d = Diagnostic::new(format!(
+            "{} still differs after apply on {}",
+            c.address,
+            t.target.heading()
+        ));
+        for a in &c.attributes {
+            d = d.cause(format!(
+                "{}: {} instead of {}",
+                a.name,
+                a.before.as_deref().unwrap_or("absent"),
+                a.after.as_deref().unwrap_or("absent")
+            ));
+        }
+        return Err(d
+            .hint("the step ran without error but the target does not show its effect")
+            .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The agent end to end on this machine through the local transport: the real binary is
+//! pushed (once, by sha256), answers probes in one round trip, applies steps, and the
+//! engine plans, applies and verifies against what it finds. The same code runs over SSH.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use provision::agent::client::{AgentBinary, AgentClient};
+use provision::engine::online::{ReadCtx, apply, plan};
+use provision::engine::{Desired, DesiredTarget};
+use provision::plan::{Action, Target};
+use provision::resources::ResourceSpec;
+use provision::resources::directory::DirectorySpec;
+use provision::resources::file::FileSpec;
+use provision::transport::local::LocalTransport;
+use provision::transport::{ExecOutput, Transport, TransportError};
+
+/// The local transport, counting the commands (round trips) it runs.
+#[derive(Default)]
+struct Counting {
+    inner: LocalTransport,
+    calls: AtomicUsize,
+}
+
+impl Transport for Counting {
+    fn exec(
+        &self,
+        command: &str,
+        stdin: &[u8],
+        timeout: Duration,
+    ) -> Result<ExecOutput, TransportError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.exec(command, stdin, timeout)
+    }
+    fn describe(&self) -> String {
+        "local".into()
+    }
+}
+
+fn binary() -> Arc<AgentBinary> {
+    Arc::new(AgentBinary::from_path(env!("CARGO_BIN_EXE_provision").into()).unwrap())
+}
+
+fn client(t: &Arc<Counting>, agent_dir: &Path) -> AgentClient {
+    AgentClient::new(t.clone(), binary()).with_dir(agent_dir.to_str().unwrap())
+}
+
+fn desired(root: &Path, content: &str) -> Vec<DesiredTarget> {
+    let dir = root.join("etc/app");
+    let file = |name: &str, content: &str, mode| {
+        ResourceSpec::File(FileSpec {
+            path: dir.join(name).display().to_string(),
+            content: content.to_string(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode,
+        })
+    };
+    let resources = vec![
+        ResourceSpec::Directory(DirectorySpec {
+            path: dir.display().to_string(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode: 0o750,
+        }),
+        file("app.conf", content, 0o640),
+        // Hostile names and content stay data.
+        file(
+            "it's $(touch pwned); `id`.txt",
+            "a; rm -rf /\n$(reboot)\n'\"\\\n",
+            0o600,
+        ),
+    ];
+    vec![DesiredTarget {
+        target: Target::Guest {
+            name: "local".into(),
+            address: "local".into(),
+        },
+        resources: resources
+            .into_iter()
+            .map(|spec| Desired { spec, role: None })
+            .collect(),
+    }]
+}
+
+#[test]
+fn push_once_probe_apply_verify_and_detect_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent_dir = tmp.path().join("agent");
+    let root = tmp.path().join("root");
+    let t = Arc::new(Counting::default());
+    let want = desired(&root, "listen = 8080\n");
+
+    // First contact: one call finds no agent, one pushes it, one answers.
+    let p = plan("inv.yaml", &want, &mut |_| {
+        Ok(ReadCtx::new(client(&t, &agent_dir)))
+    })
+    .unwrap();
+    assert_eq!(t.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(p.summary.create, 3, "{p:#?}");
+    let pushed: Vec<_> = std::fs::read_dir(agent_dir.join("bin")).unwrap().collect();
+    assert_eq!(pushed.len(), 1, "one agent binary, content-addressed");
+
+    // Later reads: one round trip for all facts of the target.
+    t.calls.store(0, Ordering::SeqCst);
+    let p = plan("inv.yaml", &want, &mut |_| {
+        Ok(ReadCtx::new(client(&t, &agent_dir)))
+    })
+    .unwrap();
+    assert_eq!(t.calls.load(Ordering::SeqCst), 1);
+
+    // Apply: one round trip for the steps, one to verify.
+    t.calls.store(0, Ordering::SeqCst);
+    let outcomes = apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap();
+    assert_eq!(t.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(outcomes[0].steps.len(), 3);
+    let conf = root.join("etc/app/app.conf");
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
+    assert!(!Path::new("pwned").exists() && !root.join("etc/app/pwned").exists());
+    let hostile = root.join("etc/app/it's $(touch pwned); `id`.txt");
+    assert_eq!(
+        std::fs::read_to_string(&hostile).unwrap(),
+        "a; rm -rf /\n$(reboot)\n'\"\\\n"
+    );
+
+    // Converged: nothing to do.
+    let p = plan("inv.yaml", &want, &mut |_| {
+        Ok(ReadCtx::new(client(&t, &agent_dir)))
+    })
+    .unwrap();
+    assert!(!p.summary.has_changes(), "{p:#?}");
+    assert_eq!(p.summary.unchanged, 3);
+
+    // Drift by hand: content and mode.
+    std::fs::write(&conf, "listen = 9090\n").unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| {
+        Ok(ReadCtx::new(client(&t, &agent_dir)))
+    })
+    .unwrap();
+    let c = &p.targets[0].changes;
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].action, Action::Update);
+    assert!(
+        c[0].diff
+            .as_deref()
+            .unwrap()
+            .contains("-listen = 9090\n+listen = 8080"),
+        "{:?}",
+        c[0].diff
+    );
+    apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap();
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
+}
+
+#[test]
+fn a_failing_step_stops_the_run_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = Arc::new(Counting::default());
+    let root = tmp.path().join("root");
+    let mut want = desired(&root, "x\n");
+    if let ResourceSpec::File(f) = &mut want[0].resources[1].spec {
+        f.owner = "no-such-user-for-provision".into();
+    }
+    let agent_dir = tmp.path().join("agent");
+    let p = plan("inv.yaml", &want, &mut |_| {
+        Ok(ReadCtx::new(client(&t, &agent_dir)))
+    })
+    .unwrap();
+    let err = apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap_err();
+    let text = provision::cli::render_error(&err, false);
+    assert!(text.contains("failed on guest local"), "{text}");
+    assert!(
+        text.contains("no such user: no-such-user-for-provision"),
+        "{text}"
+    );
+    // The step after the failed one did not run.
+    assert!(!root.join("etc/app/it's $(touch pwned); `id`.txt").exists());
+}
+
+#[test]
+fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
+    let prepared = provision::cli::prepare(Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/inventory/llm-two.yaml"
+    )))
+    .unwrap();
+    let p = provision::engine::offline_plan("llm-two", &prepared.desired);
+    let mut connected = false;
+    let err = apply(
+        &p,
+        &mut |_| {
+            connected = true;
+            anyhow::bail!("must not connect")
+        },
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    let text = provision::cli::render_error(&err, false);
+    assert!(
+        text.contains("cannot be applied yet; nothing was changed"),
+        "{text}"
+    );
+    assert!(!connected);
+}
