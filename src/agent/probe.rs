@@ -193,7 +193,7 @@ pub fn venv(path: &Path) -> Result<Option<VenvFact>, String> {
         };
         for entry in entries.flatten() {
             let p = entry.path();
-            if !p.extension().is_some_and(|e| e == "dist-info") {
+            if p.extension().is_none_or(|e| e != "dist-info") {
                 continue;
             }
             let Ok(meta) = fs::read_to_string(p.join("METADATA")) else {
