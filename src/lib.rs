@@ -9,6 +9,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod engine;
 pub mod gpu;
+pub mod health;
 pub mod inventory;
 pub mod plan;
 pub mod printer;

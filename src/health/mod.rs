@@ -1,0 +1,298 @@
+//! Readiness after a (re)start, told apart from its three failures. The seeds lost time to
+//! each: a crash loop that `systemctl is-active` called active, a hang at NCCL init that
+//! looked like a slow load, and a slow load that looked like a hang. [`Gate`] turns a
+//! series of [`Observation`]s into a [`Verdict`].
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What one poll saw.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observation {
+    /// Time since the (re)start.
+    pub elapsed: Duration,
+    /// systemd's `ActiveState`.
+    pub active_state: String,
+    /// systemd's `SubState`.
+    pub sub_state: String,
+    /// systemd's `NRestarts`.
+    pub restarts: u32,
+    /// The main process, when there is one.
+    pub main_pid: Option<u32>,
+    /// `ExecMainStatus` (the last exit status).
+    pub exit_status: Option<i32>,
+    /// Journal lines of the unit that are new since the previous poll.
+    pub new_lines: Vec<String>,
+    /// Whether the server's port accepts connections.
+    pub port_open: bool,
+    /// Whether the readiness URL lists the served model.
+    pub model_listed: bool,
+    /// Whether `/health` answered 200.
+    pub healthy: bool,
+}
+
+/// What the gate concluded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Serving: the model is listed and `/health` is 200.
+    Ready {
+        /// Time from (re)start to ready.
+        after_ms: u64,
+    },
+    /// The process keeps dying (or died for good).
+    CrashLoop {
+        /// What systemd showed (`activating (auto-restart)`, `failed (failed)`).
+        state: String,
+        /// Restarts seen since the gate began.
+        restarts: u32,
+        /// The last exit status.
+        exit_status: Option<i32>,
+        /// The end of the journal: the traceback, usually.
+        evidence: Vec<String>,
+    },
+    /// Alive, port closed, and the log has not moved for the stall timeout.
+    Hang {
+        /// The last log line, where it is stuck.
+        stalled_at: String,
+        /// How long the log had been still.
+        silent_ms: u64,
+    },
+    /// Still loading when the deadline passed.
+    Timeout {
+        /// The last log line.
+        last_line: String,
+    },
+}
+
+impl Verdict {
+    /// One line for people.
+    pub fn summary(&self) -> String {
+        match self {
+            Verdict::Ready { after_ms } => format!("ready after {:.1}s", *after_ms as f64 / 1000.0),
+            Verdict::CrashLoop {
+                state,
+                restarts,
+                exit_status,
+                ..
+            } => format!(
+                "crash loop: {state}, {restarts} restart(s), last exit status {}",
+                exit_status.map_or("unknown".to_string(), |s| s.to_string())
+            ),
+            Verdict::Hang {
+                stalled_at,
+                silent_ms,
+            } => format!(
+                "hang: stalled at: {stalled_at} (no log line for {}s, port closed)",
+                silent_ms / 1000
+            ),
+            Verdict::Timeout { last_line } => {
+                format!("not ready before the deadline; last line: {last_line}")
+            }
+        }
+    }
+}
+
+/// Limits the gate works within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Give up after this long.
+    pub deadline: Duration,
+    /// A still log this long, with the process alive and the port closed, is a hang.
+    pub stall_timeout: Duration,
+}
+
+/// Classifies observations as they come.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    limits: Limits,
+    initial_restarts: Option<u32>,
+    last_line: String,
+    last_progress: Duration,
+    tail: Vec<String>,
+}
+
+/// Journal lines kept as evidence.
+const TAIL: usize = 40;
+
+impl Gate {
+    /// A gate with `limits`, starting now.
+    pub fn new(limits: Limits) -> Self {
+        Gate {
+            limits,
+            initial_restarts: None,
+            last_line: String::new(),
+            last_progress: Duration::ZERO,
+            tail: Vec::new(),
+        }
+    }
+
+    /// The latest log line seen (progress for people while loading).
+    pub fn last_line(&self) -> &str {
+        &self.last_line
+    }
+
+    /// Feeds one observation; `Some` once the outcome is known.
+    pub fn observe(&mut self, o: &Observation) -> Option<Verdict> {
+        let initial = *self.initial_restarts.get_or_insert(o.restarts);
+        if let Some(line) = o.new_lines.iter().rev().find(|l| !l.trim().is_empty()) {
+            self.last_line = line.trim().to_string();
+            self.last_progress = o.elapsed;
+        }
+        self.tail.extend(o.new_lines.iter().cloned());
+        if self.tail.len() > TAIL {
+            self.tail.drain(..self.tail.len() - TAIL);
+        }
+        if o.model_listed && o.healthy {
+            return Some(Verdict::Ready {
+                after_ms: o.elapsed.as_millis() as u64,
+            });
+        }
+        let restarted = o.restarts > initial;
+        let auto_restart = o.active_state == "activating" && o.sub_state == "auto-restart";
+        let dead = o.active_state == "failed"
+            || (o.active_state == "inactive" && o.elapsed > Duration::ZERO);
+        if restarted || auto_restart || dead {
+            return Some(Verdict::CrashLoop {
+                state: format!("{} ({})", o.active_state, o.sub_state),
+                restarts: o.restarts.saturating_sub(initial),
+                exit_status: o.exit_status,
+                evidence: self.tail.clone(),
+            });
+        }
+        let silent = o.elapsed.saturating_sub(self.last_progress);
+        if o.main_pid.is_some() && !o.port_open && silent >= self.limits.stall_timeout {
+            return Some(Verdict::Hang {
+                stalled_at: if self.last_line.is_empty() {
+                    "(no log output at all)".to_string()
+                } else {
+                    self.last_line.clone()
+                },
+                silent_ms: silent.as_millis() as u64,
+            });
+        }
+        if o.elapsed >= self.limits.deadline {
+            return Some(Verdict::Timeout {
+                last_line: self.last_line.clone(),
+            });
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            deadline: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn running(secs: u64, lines: &[&str]) -> Observation {
+        Observation {
+            elapsed: Duration::from_secs(secs),
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            main_pid: Some(42),
+            new_lines: lines.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn crash_loop_that_is_active_calls_active() {
+        let mut g = Gate::new(limits());
+        assert_eq!(
+            g.observe(&running(0, &["Traceback (most recent call last):"])),
+            None
+        );
+        let o = Observation {
+            elapsed: Duration::from_secs(2),
+            active_state: "activating".into(),
+            sub_state: "auto-restart".into(),
+            restarts: 1,
+            exit_status: Some(1),
+            new_lines: vec![
+                "ValueError: Speculative decoding for Qwen3_5MoeForCausalLM is not compatible"
+                    .into(),
+            ],
+            ..Default::default()
+        };
+        match g.observe(&o) {
+            Some(Verdict::CrashLoop {
+                restarts,
+                exit_status,
+                evidence,
+                ..
+            }) => {
+                assert_eq!((restarts, exit_status), (1, Some(1)));
+                assert!(evidence.last().unwrap().contains("ValueError"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hang_is_called_after_the_stall_timeout_not_the_deadline() {
+        let mut g = Gate::new(limits());
+        assert_eq!(
+            g.observe(&running(1, &["Init torch distributed begin."])),
+            None
+        );
+        assert_eq!(g.observe(&running(4, &[])), None);
+        match g.observe(&running(6, &[])) {
+            Some(Verdict::Hang {
+                stalled_at,
+                silent_ms,
+            }) => {
+                assert_eq!(stalled_at, "Init torch distributed begin.");
+                assert_eq!(silent_ms, 5000);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_slow_load_that_keeps_talking_is_waited_for() {
+        let mut g = Gate::new(limits());
+        for s in 0..30 {
+            let line = format!(
+                "Loading safetensors checkpoint shards: {}% Completed",
+                s * 3
+            );
+            assert_eq!(g.observe(&running(s * 2, &[&line])), None, "at {s}");
+        }
+        let mut ready = running(61, &["The server is fired up and ready to roll!"]);
+        ready.port_open = true;
+        ready.model_listed = true;
+        ready.healthy = true;
+        assert_eq!(g.observe(&ready), Some(Verdict::Ready { after_ms: 61_000 }));
+    }
+
+    #[test]
+    fn open_port_while_warming_up_is_not_a_hang() {
+        let mut g = Gate::new(limits());
+        let mut o = running(10, &["Uvicorn running on http://0.0.0.0:30000"]);
+        o.port_open = true;
+        assert_eq!(g.observe(&o), None);
+        let mut o = running(20, &[]);
+        o.port_open = true;
+        assert_eq!(g.observe(&o), None);
+    }
+
+    #[test]
+    fn deadline_ends_a_load_that_never_finishes() {
+        let mut g = Gate::new(limits());
+        let v = g.observe(&running(60, &["Load weight begin."]));
+        assert_eq!(
+            v,
+            Some(Verdict::Timeout {
+                last_line: "Load weight begin.".into()
+            })
+        );
+    }
+}
