@@ -325,3 +325,137 @@ fn all_problems_are_reported_together() {
     );
     assert!(e.contains("2 errors"), "{e}");
 }
+
+/// The remaining rules, one broken value each: (what to replace, with what, expected text).
+#[test]
+fn every_other_rule() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "cores: 32 ",
+            "cores: 0 ",
+            "a container needs at least one core",
+        ),
+        ("memory: 256G", "memory: 8M", "memory 8M is too small"),
+        ("size: 200G", "size: 200M", "is not a whole number of GiB"),
+        (
+            "local:vztmpl/ubuntu",
+            "local:iso/ubuntu",
+            "is not a template volume ID",
+        ),
+        (
+            "            path: /shared\n",
+            "            path: /\n",
+            "a mount cannot cover the container's root",
+        ),
+        (
+            "devices: [0, 1, 2, 3]",
+            "devices: [0, 1, 1, 3]",
+            "GPU `1` is listed twice",
+        ),
+        (
+            "devices: [0, 1, 2, 3]",
+            "devices: [0, 1, 2, \"GPU-5a3c2b1e-0000-1111-2222-333344445555\"]",
+            "selected both by index and by UUID",
+        ),
+        (
+            "devices: [0, 1, 2, 3]",
+            "devices: [\"GPU-nope\"]",
+            "neither a GPU index nor a GPU UUID",
+        ),
+        (
+            "roles: [gpu-passthrough,",
+            "roles: [cuda, gpu-passthrough,",
+            "role `cuda` is listed twice",
+        ),
+        (
+            "- torch==2.9.1",
+            "- torch==2.9.1\n            - Torch==2.9.0",
+            "is pinned twice",
+        ),
+        (
+            "extra_urls: [https://download.pytorch.org/whl/cu130]",
+            "url: https://pypi.org/simple\n            wheelhouse: /root/wheels",
+            "both an index URL and a wheelhouse are set",
+        ),
+        (
+            "path: /root/sglang-main",
+            "path: /root/ml-env/sglang",
+            "the SGLang checkout is inside the venv",
+        ),
+        (
+            "repo: Qwen/Qwen3.5-122B-A10B",
+            "repo: Qwen3.5-122B-A10B",
+            "is not a Hugging Face repository",
+        ),
+        (
+            "revision: main",
+            "revision: main\n            include: [\"*.{json\"]",
+            "is not a glob",
+        ),
+        ("tp: 4", "tp: 0", "tp must be at least 1"),
+        (
+            "num_steps: 3",
+            "num_steps: 0",
+            "speculative.num_steps must be at least 1",
+        ),
+        (
+            "stall_timeout: 5m ",
+            "stall_timeout: 5m\n              poll_interval: 10m ",
+            "poll_interval is not shorter than stall_timeout",
+        ),
+        (
+            "deadline: 30m ",
+            "deadline: 30m\n              url: ftp://x/v1/models ",
+            "is not an http(s) URL",
+        ),
+        (
+            "            ip: 10.1.230.174/24\n",
+            "            ip: dhcp\n",
+            "has no address to reach it by SSH",
+        ),
+        (
+            "            ip: 10.1.230.174/24\n",
+            "            ip: 10.1.230.174\n",
+            "has no prefix length",
+        ),
+        (
+            "    ssh:\n      host: 10.1.2.6\n",
+            "    ssh:\n",
+            "has no `ssh.host`",
+        ),
+        (
+            "algorithm: NEXTN",
+            "algorithm: NEXT",
+            "unknown value `NEXT`",
+        ),
+        ("swap: 0", "swap: -1", "cannot be negative"),
+        ("port: 30000", "port: 70000", "70000"),
+        (
+            "SGLANG_ENABLE_SPEC_V2: \"1\"",
+            "1SGLANG: \"1\"",
+            "is not a valid environment variable name",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let e = broken(from, to);
+        assert!(
+            e.contains(want),
+            "replacing `{from}` with `{to}`: expected `{want}` in:\n{e}"
+        );
+        assert!(
+            e.contains("inventory/llm-two.yaml"),
+            "no location for `{want}`:\n{e}"
+        );
+    }
+}
+
+#[test]
+fn several_models_and_services_must_not_collide() {
+    let model = "          qwen3.5-122b:\n            repo: Qwen/Qwen3.5-122B-A10B\n            revision: main\n            path: /shared/models/Qwen3.5-122B-A10B\n";
+    let twin = model.replace("qwen3.5-122b:", "other:");
+    let e = broken(model, &format!("{model}{twin}"));
+    assert!(
+        e.contains("models `qwen3.5-122b` and `other` share the path"),
+        "{e}"
+    );
+}
