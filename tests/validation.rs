@@ -287,7 +287,7 @@ fn tls_needs_exactly_one_trust() {
 
 #[test]
 fn api_must_be_https() {
-    let e = broken("url: https://10.1.2.6:8006", "url: http://10.1.2.6:8006");
+    let e = broken("url: https://", "url: http://");
     assert!(e.contains("is not https"), "{e}");
 }
 
@@ -295,7 +295,7 @@ fn api_must_be_https() {
 fn gateway_outside_subnet() {
     let e = broken("gateway: 10.1.230.1", "gateway: 10.1.231.1");
     assert!(
-        e.contains("gateway 10.1.231.1 is outside 10.1.230.174/24"),
+        e.contains("gateway 10.1.231.1 is outside ") && e.contains("/24"),
         "{e}"
     );
 }
@@ -409,21 +409,6 @@ fn every_other_rule() {
             "is not an http(s) URL",
         ),
         (
-            "            ip: 10.1.230.174/24\n",
-            "            ip: dhcp\n",
-            "has no address to reach it by SSH",
-        ),
-        (
-            "            ip: 10.1.230.174/24\n",
-            "            ip: 10.1.230.174\n",
-            "has no prefix length",
-        ),
-        (
-            "    ssh:\n      host: 10.1.2.6\n",
-            "    ssh:\n",
-            "has no `ssh.host`",
-        ),
-        (
             "algorithm: NEXTN",
             "algorithm: NEXT",
             "unknown value `NEXT`",
@@ -458,4 +443,27 @@ fn several_models_and_services_must_not_collide() {
         e.contains("models `qwen3.5-122b` and `other` share the path"),
         "{e}"
     );
+}
+
+/// Lines of llm-two found by their key, so tests need not spell its addresses.
+fn line_with(key: &str) -> String {
+    LLM_TWO
+        .lines()
+        .find(|l| l.trim_start().starts_with(key))
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn addresses_and_ssh_rules() {
+    let ip = line_with("ip: ");
+    let indent = &ip[..ip.len() - ip.trim_start().len()];
+    let e = broken(&ip, &format!("{indent}ip: dhcp"));
+    assert!(e.contains("has no address to reach it by SSH"), "{e}");
+    let without_prefix = ip.trim_end_matches("/24").to_string();
+    let e = broken(&ip, &without_prefix);
+    assert!(e.contains("has no prefix length"), "{e}");
+    let host = line_with("host: ");
+    let e = broken(&format!("    ssh:\n{host}\n"), "    ssh:\n");
+    assert!(e.contains("has no `ssh.host`"), "{e}");
 }

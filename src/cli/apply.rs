@@ -1,11 +1,18 @@
 //! `provision apply`: plan, show, confirm, then execute exactly that plan.
 
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
+use console::Style;
 
+use super::plan::{print_plan, read_plan};
+use super::targets::{TargetArgs, connect};
 use super::{ExitStatus, prepare};
+use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
+use crate::engine::online;
 use crate::printer::Printer;
 
 /// Arguments of `provision apply`.
@@ -19,14 +26,84 @@ pub struct ApplyArgs {
     /// Print the plan and the outcome as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub targets: TargetArgs,
 }
 
 /// Runs `provision apply`.
-pub fn run(args: &ApplyArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
-    prepare(&args.inventory)?;
-    Err(Diagnostic::new(
-        "apply cannot change targets yet: the guest reconciler and the Proxmox client are not built",
-    )
-    .hint("`provision plan --offline` shows what apply will do")
-    .into())
+pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
+    let prepared = prepare(&args.inventory)?;
+    let inventory = prepared.loaded.inventory.clone();
+    let plan = read_plan(
+        &args.inventory.display().to_string(),
+        prepared,
+        &args.targets,
+        printer,
+    )?;
+    print_plan(&plan, args.json, printer)?;
+    if !plan.summary.has_changes() {
+        return Ok(ExitStatus::Success);
+    }
+    if !args.yes {
+        confirm()?;
+    }
+    let binary = Arc::new(AgentBinary::current()?);
+    let green = printer.style_err(Style::new().green());
+    let red = printer.style_err(Style::new().red().bold());
+    let outcomes = online::apply(
+        &plan,
+        &mut |target| connect(&inventory, target, &args.targets, &binary),
+        &mut |target, step| {
+            let mark = if step.error.is_none() {
+                green.apply_to("done")
+            } else {
+                red.apply_to("FAILED")
+            };
+            printer.status(&format!(
+                "{}: {} ... {mark} ({:.1}s)",
+                target.heading(),
+                step.description,
+                step.millis as f64 / 1000.0
+            ));
+        },
+    )?;
+    let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
+    if args.json {
+        let report = serde_json::json!({
+            "applied": true,
+            "targets": outcomes.iter().map(|o| serde_json::json!({
+                "target": o.target,
+                "steps": o.steps.iter().map(|s| serde_json::json!({"step": s.description, "millis": s.millis})).collect::<Vec<_>>(),
+                "millis": o.millis,
+            })).collect::<Vec<_>>(),
+        });
+        printer.result(&format!("{}\n", serde_json::to_string_pretty(&report)?));
+    } else {
+        printer.result(&format!(
+            "Apply complete: {} change(s) made in {steps} step(s), each verified on its target.\n",
+            plan.summary.create + plan.summary.update + plan.summary.replace + plan.summary.delete
+        ));
+    }
+    Ok(ExitStatus::Success)
+}
+
+/// Asks on the terminal; refuses without one (scripts pass `--yes`).
+fn confirm() -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Diagnostic::new(
+            "refusing to apply without confirmation: stdin is not a terminal",
+        )
+        .hint("review the plan above and pass --yes to apply it")
+        .into());
+    }
+    eprint!("Apply this plan? Only 'yes' is accepted: ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    if answer.trim() == "yes" {
+        Ok(())
+    } else {
+        Err(Diagnostic::new("apply cancelled; nothing was changed").into())
+    }
 }

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::plan::{print_plan, read_plan};
+use super::targets::TargetArgs;
 use super::{ExitStatus, prepare};
-use crate::diagnostic::Diagnostic;
 use crate::printer::Printer;
 
 /// Arguments of `provision check`.
@@ -16,15 +17,24 @@ pub struct CheckArgs {
     /// Print the drift as a JSON plan.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub targets: TargetArgs,
 }
 
-/// Runs `provision check`.
-pub fn run(args: &CheckArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
-    // Validate first, so a bad inventory fails the same way here as everywhere.
-    prepare(&args.inventory)?;
-    Err(Diagnostic::new(
-        "the drift check cannot read the targets yet: reading guests over SSH and containers through the Proxmox API are not built",
-    )
-    .hint("until then, `provision plan --offline` shows what the inventory declares")
-    .into())
+/// Runs `provision check`: reads every selected target and reports drift. It holds only
+/// read contexts, so it cannot change anything.
+pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
+    let prepared = prepare(&args.inventory)?;
+    let plan = read_plan(
+        &args.inventory.display().to_string(),
+        prepared,
+        &args.targets,
+        printer,
+    )?;
+    print_plan(&plan, args.json, printer)?;
+    Ok(if plan.summary.has_changes() {
+        ExitStatus::Changes
+    } else {
+        ExitStatus::Success
+    })
 }

@@ -9,6 +9,8 @@ pub mod model;
 pub mod plan;
 pub mod render;
 pub mod schema;
+pub mod ssh;
+pub mod targets;
 pub mod validate;
 
 use std::path::Path;

@@ -1,11 +1,15 @@
 //! `provision plan`: what would change to make reality match the inventory.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 
-use super::{ExitStatus, prepare};
+use super::targets::{TargetArgs, connect, select};
+use super::{ExitStatus, Prepared, prepare};
+use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
+use crate::engine::online::{self, ReadCtx};
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
 
@@ -23,26 +27,46 @@ pub struct PlanArgs {
     /// Exit 2 when there are changes (0 when none, 1 on error).
     #[arg(long)]
     pub detailed_exitcode: bool,
+    #[command(flatten)]
+    pub targets: TargetArgs,
 }
 
 /// Runs `provision plan`.
 pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    if !args.offline {
-        anyhow::bail!(crate::diagnostic::Diagnostic::new(
-            "planning against the real nodes is not built yet: reading Proxmox and the guests comes with the guest reconciler and Proxmox issues"
-        )
-        .hint(format!(
-            "`provision plan --offline {}` plans against an empty world and works anywhere",
-            args.inventory.display()
-        )));
-    }
-    let plan = offline_plan(&args.inventory.display().to_string(), &prepared.desired);
+    let plan = if args.offline {
+        let desired = select(prepared.desired, &args.targets)?;
+        offline_plan(&args.inventory.display().to_string(), &desired)
+    } else {
+        read_plan(
+            &args.inventory.display().to_string(),
+            prepared,
+            &args.targets,
+            printer,
+        )?
+    };
     print_plan(&plan, args.json, printer)?;
     Ok(if args.detailed_exitcode && plan.summary.has_changes() {
         ExitStatus::Changes
     } else {
         ExitStatus::Success
+    })
+}
+
+/// Reads the selected targets and plans against them. Only reads: no write path exists
+/// from here.
+pub fn read_plan(
+    inventory: &str,
+    prepared: Prepared,
+    targets: &TargetArgs,
+    printer: &Printer,
+) -> anyhow::Result<Plan> {
+    let desired = select(prepared.desired, targets)?;
+    let binary = Arc::new(AgentBinary::current()?);
+    let inv = &prepared.loaded.inventory;
+    online::plan(inventory, &desired, &mut |target| {
+        printer.status(&format!("reading {}", target.heading()));
+        Ok(ReadCtx::new(connect(inv, target, targets, &binary)?))
     })
 }
 

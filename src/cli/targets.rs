@@ -1,0 +1,91 @@
+//! What the commands that reach real targets share: choosing targets (`--target`) and
+//! connecting to them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use crate::agent::client::{AgentBinary, AgentClient};
+use crate::diagnostic::Diagnostic;
+use crate::engine::DesiredTarget;
+use crate::inventory::Inventory;
+use crate::plan::Target;
+
+/// Flags for commands that read or change targets.
+#[derive(Debug, Clone, Args)]
+pub struct TargetArgs {
+    /// Only these targets: `guest.NAME` (inside the container), `container.NAME` (its
+    /// Proxmox config), or a container's NAME for both. Repeatable.
+    #[arg(long = "target", value_name = "TARGET")]
+    pub targets: Vec<String>,
+    /// The SSH known_hosts file (default ~/.ssh/known_hosts).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<PathBuf>,
+    /// Add unknown SSH host keys to known_hosts (a changed key is still refused).
+    #[arg(long)]
+    pub accept_new_host_keys: bool,
+}
+
+fn target_names(t: &Target) -> (String, String) {
+    match t {
+        Target::Node { node, .. } => (format!("node.{node}"), node.clone()),
+        Target::Container { name, .. } => (format!("container.{name}"), name.clone()),
+        Target::Guest { name, .. } => (format!("guest.{name}"), name.clone()),
+    }
+}
+
+/// The desired targets `--target` selects (all without it); an unknown name is an error.
+pub fn select(
+    desired: Vec<DesiredTarget>,
+    args: &TargetArgs,
+) -> anyhow::Result<Vec<DesiredTarget>> {
+    if args.targets.is_empty() {
+        return Ok(desired);
+    }
+    for wanted in &args.targets {
+        let known = desired.iter().any(|d| {
+            let (full, short) = target_names(&d.target);
+            *wanted == full || *wanted == short
+        });
+        if !known {
+            let names: Vec<String> = desired.iter().map(|d| target_names(&d.target).0).collect();
+            return Err(
+                Diagnostic::new(format!("no target `{wanted}` in the inventory"))
+                    .hint(format!("targets: {}", names.join(", ")))
+                    .into(),
+            );
+        }
+    }
+    Ok(desired
+        .into_iter()
+        .filter(|d| {
+            let (full, short) = target_names(&d.target);
+            args.targets.iter().any(|w| *w == full || *w == short)
+        })
+        .collect())
+}
+
+/// Connects to a target's agent.
+pub fn connect(
+    inventory: &Inventory,
+    target: &Target,
+    args: &TargetArgs,
+    binary: &Arc<AgentBinary>,
+) -> anyhow::Result<AgentClient> {
+    match target {
+        Target::Guest { name, .. } => {
+            let transport = crate::cli::ssh::guest_transport(inventory, name, args)?;
+            Ok(AgentClient::new(transport, binary.clone()))
+        }
+        Target::Container { name, .. } => Err(Diagnostic::new(format!(
+            "cannot read container `{name}`'s Proxmox config: the Proxmox API client is not built yet"
+        ))
+        .hint(format!("limit this run to the inside of the container with `--target guest.{name}`"))
+        .into()),
+        Target::Node { node, .. } => Err(Diagnostic::new(format!(
+            "cannot read node `{node}`: the Proxmox API client is not built yet"
+        ))
+        .into()),
+    }
+}
