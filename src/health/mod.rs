@@ -1,7 +1,9 @@
 //! Readiness after a (re)start, told apart from its three failures. The seeds lost time to
 //! each: a crash loop that `systemctl is-active` called active, a hang at NCCL init that
 //! looked like a slow load, and a slow load that looked like a hang. [`Gate`] turns a
-//! series of [`Observation`]s into a [`Verdict`].
+//! series of [`Observation`]s into a [`Verdict`]; [`watch`] gathers them on the target.
+
+pub mod watch;
 
 use std::time::Duration;
 

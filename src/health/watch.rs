@@ -1,0 +1,235 @@
+//! Gathers [`Observation`]s on the target itself (the agent runs this): systemd's view of
+//! the unit, the journal lines written since the (re)start, whether the port accepts
+//! connections, and whether the server lists its model. Polling happens next to the
+//! server, so a poll costs milliseconds, not an SSH round trip.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Gate, Limits, Observation, Verdict};
+
+/// What to watch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchSpec {
+    /// The unit.
+    pub unit: String,
+    /// Its port on this machine.
+    pub port: u16,
+    /// URL that must list the model (`http://127.0.0.1:30000/v1/models`).
+    pub url: String,
+    /// The model name the URL must list.
+    pub served_model_name: String,
+    /// Give up after this many milliseconds.
+    pub deadline_ms: u64,
+    /// A still log this long (process alive, port closed) is a hang.
+    pub stall_timeout_ms: u64,
+    /// Poll period.
+    pub poll_interval_ms: u64,
+}
+
+/// The journal's position now, so a watch sees only what comes after it.
+pub fn journal_cursor(unit: &str) -> Option<String> {
+    let out = Command::new("journalctl")
+        .args(["-u", unit, "-n", "0", "--show-cursor", "--no-pager", "-q"])
+        .output()
+        .ok()?;
+    parse_cursor(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_cursor(text: &str) -> Option<String> {
+    text.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("-- cursor: "))
+        .map(|c| c.trim().to_string())
+}
+
+/// Journal lines of `unit` after `cursor`, and the new cursor.
+fn journal_after(unit: &str, cursor: &Option<String>) -> (Vec<String>, Option<String>) {
+    let mut cmd = Command::new("journalctl");
+    cmd.args(["-u", unit, "-o", "cat", "--show-cursor", "--no-pager", "-q"]);
+    match cursor {
+        Some(c) => cmd.arg(format!("--after-cursor={c}")),
+        None => cmd.args(["-n", "200"]),
+    };
+    let Ok(out) = cmd.output() else {
+        return (Vec::new(), cursor.clone());
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let next = parse_cursor(&text).or_else(|| cursor.clone());
+    let lines = text
+        .lines()
+        .filter(|l| !l.starts_with("-- cursor: "))
+        .map(str::to_string)
+        .collect();
+    (lines, next)
+}
+
+/// `systemctl show` for a few properties.
+pub fn unit_properties(unit: &str, props: &[&str]) -> BTreeMap<String, String> {
+    Command::new("systemctl")
+        .args([
+            "show",
+            &format!("--property={}", props.join(",")),
+            "--",
+            unit,
+        ])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn port_open(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
+
+/// A plain HTTP/1.0 GET of an `http://host:port/path` URL: the status and the body.
+pub fn http_get(url: &str, timeout: Duration) -> Option<(u16, String)> {
+    let rest = url.strip_prefix("http://")?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .ok()?
+        .next()?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {hostport}\r\nAccept: application/json\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    s.take(4 * 1024 * 1024).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Whether an OpenAI-style `/v1/models` body lists `name`.
+pub fn lists_model(body: &str, name: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["data"].as_array().cloned())
+        .is_some_and(|models| models.iter().any(|m| m["id"].as_str() == Some(name)))
+}
+
+/// The `/health` URL next to a readiness URL.
+fn health_url(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let base = rest.split('/').next().unwrap_or(rest);
+    format!("http://{base}/health")
+}
+
+/// Watches the unit from `cursor` until a verdict; `progress` sees each new last line.
+pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(&str)) -> Verdict {
+    let mut gate = Gate::new(Limits {
+        deadline: Duration::from_millis(spec.deadline_ms),
+        stall_timeout: Duration::from_millis(spec.stall_timeout_ms),
+    });
+    let started = Instant::now();
+    let mut cursor = cursor;
+    let poll = Duration::from_millis(spec.poll_interval_ms.max(50));
+    let health = health_url(&spec.url);
+    loop {
+        let props = unit_properties(
+            &spec.unit,
+            &[
+                "ActiveState",
+                "SubState",
+                "NRestarts",
+                "MainPID",
+                "ExecMainStatus",
+            ],
+        );
+        let (new_lines, next) = journal_after(&spec.unit, &cursor);
+        cursor = next;
+        let port_open = port_open(spec.port);
+        let (model_listed, healthy) = if port_open {
+            let listed = http_get(&spec.url, Duration::from_secs(2))
+                .is_some_and(|(s, body)| s == 200 && lists_model(&body, &spec.served_model_name));
+            let healthy =
+                listed && http_get(&health, Duration::from_secs(2)).is_some_and(|(s, _)| s == 200);
+            (listed, healthy)
+        } else {
+            (false, false)
+        };
+        let get = |k: &str| props.get(k).cloned().unwrap_or_default();
+        let obs = Observation {
+            elapsed: started.elapsed(),
+            active_state: get("ActiveState"),
+            sub_state: get("SubState"),
+            restarts: get("NRestarts").parse().unwrap_or(0),
+            main_pid: get("MainPID").parse().ok().filter(|p| *p != 0),
+            exit_status: get("ExecMainStatus").parse().ok(),
+            new_lines,
+            port_open,
+            model_listed,
+            healthy,
+        };
+        let before = gate.last_line().to_string();
+        if let Some(v) = gate.observe(&obs) {
+            return v;
+        }
+        if gate.last_line() != before {
+            progress(gate.last_line());
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_line() {
+        let text = "line\n-- cursor: s=abc;i=12;b=x\n";
+        assert_eq!(parse_cursor(text).as_deref(), Some("s=abc;i=12;b=x"));
+    }
+
+    #[test]
+    fn models_listing() {
+        let body = r#"{"object":"list","data":[{"id":"qwen3.5-122b","object":"model","owned_by":"sglang"}]}"#;
+        assert!(lists_model(body, "qwen3.5-122b"));
+        assert!(!lists_model(body, "other"));
+        assert!(!lists_model("not json", "qwen3.5-122b"));
+        assert_eq!(
+            health_url("http://127.0.0.1:30000/v1/models"),
+            "http://127.0.0.1:30000/health"
+        );
+    }
+
+    #[test]
+    fn http_get_against_a_real_listener() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\nno")
+                .unwrap();
+        });
+        let got = http_get(
+            &format!("http://127.0.0.1:{port}/health"),
+            Duration::from_secs(2),
+        );
+        assert_eq!(got, Some((503, "no".to_string())));
+        server.join().unwrap();
+    }
+}
