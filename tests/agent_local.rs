@@ -113,7 +113,13 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Apply: one round trip for the steps, one to verify.
     t.calls.store(0, Ordering::SeqCst);
-    let outcomes = apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap();
+    let outcomes = apply(
+        &p,
+        Default::default(),
+        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(outcomes[0].steps.len(), 3);
     let conf = root.join("etc/app/app.conf");
@@ -150,7 +156,13 @@ fn push_once_probe_apply_verify_and_detect_drift() {
         "{:?}",
         c[0].diff
     );
-    apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap();
+    apply(
+        &p,
+        Default::default(),
+        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
 }
 
@@ -168,7 +180,13 @@ fn a_failing_step_stops_the_run_and_says_why() {
         Ok(ReadCtx::new(client(&t, &agent_dir)))
     })
     .unwrap();
-    let err = apply(&p, &mut |_| Ok(client(&t, &agent_dir)), &mut |_, _| {}).unwrap_err();
+    let err = apply(
+        &p,
+        Default::default(),
+        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
     let text = provision::cli::render_error(&err, false);
     assert!(text.contains("failed on guest local"), "{text}");
     assert!(
@@ -190,6 +208,7 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
     let mut connected = false;
     let err = apply(
         &p,
+        Default::default(),
         &mut |_| {
             connected = true;
             anyhow::bail!("must not connect")

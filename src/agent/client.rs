@@ -121,6 +121,8 @@ pub struct StepOutcome {
     pub description: String,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// What it reported (a service's health verdict).
+    pub detail: Option<serde_json::Value>,
     /// How long it took.
     pub millis: u64,
 }
@@ -297,9 +299,15 @@ impl AgentClient {
         for e in events {
             match e {
                 Event::StepStarted { description, .. } => pending = Some(description),
-                Event::StepDone { error, millis, .. } => outcomes.push(StepOutcome {
+                Event::StepDone {
+                    error,
+                    detail,
+                    millis,
+                    ..
+                } => outcomes.push(StepOutcome {
                     description: pending.take().unwrap_or_default(),
                     error,
+                    detail,
                     millis,
                 }),
                 _ => {}
@@ -310,6 +318,7 @@ impl AgentClient {
             outcomes.push(StepOutcome {
                 description,
                 error: Some("the agent stopped during this step".into()),
+                detail: None,
                 millis: 0,
             });
         }

@@ -5,6 +5,7 @@
 //! to the data instead of through the workstation.
 
 pub mod client;
+pub mod deploy;
 pub mod probe;
 pub mod steps;
 
@@ -77,6 +78,9 @@ pub enum Event {
         index: usize,
         /// Why it failed, if it did.
         error: Option<String>,
+        /// What it reports (a service's health verdict).
+        #[serde(default)]
+        detail: Option<serde_json::Value>,
         /// How long it took.
         millis: u64,
     },
@@ -136,9 +140,14 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                 let started = Instant::now();
                 let result = step.run();
                 let failed = result.is_err();
+                let (detail, error) = match result {
+                    Ok(detail) => (detail, None),
+                    Err(e) => (None, Some(e)),
+                };
                 emit(&Event::StepDone {
                     index,
-                    error: result.err(),
+                    error,
+                    detail,
                     millis: started.elapsed().as_millis() as u64,
                 })?;
                 if failed {

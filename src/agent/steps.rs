@@ -69,6 +69,9 @@ pub enum Step {
         /// `--no-index --find-links` folder.
         wheelhouse: Option<String>,
     },
+    /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
+    /// back.
+    DeployService(super::deploy::Deploy),
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -102,12 +105,24 @@ impl Step {
             Step::GitCheckout { path, revision, .. } => {
                 format!("git checkout {revision} in {path}")
             }
+            Step::DeployService(d) => format!(
+                "deploy {}{}",
+                d.unit,
+                if d.restart && d.watch.is_some() {
+                    " and wait until it is ready"
+                } else {
+                    ""
+                }
+            ),
         }
     }
 
-    /// Runs the step.
-    pub fn run(&self) -> Result<(), String> {
-        match self {
+    /// Runs the step; some steps report details (a service's verdict).
+    pub fn run(&self) -> Result<Option<serde_json::Value>, String> {
+        let done = match self {
+            Step::DeployService(d) => {
+                return super::deploy::deploy(d).map(|r| serde_json::to_value(r).ok());
+            }
             Step::WriteFile {
                 path,
                 content,
@@ -162,7 +177,8 @@ impl Step {
                 revision,
                 path,
             } => git_checkout(repo, revision, path),
-        }
+        };
+        done.map(|()| None)
     }
 }
 

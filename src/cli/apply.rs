@@ -26,6 +26,10 @@ pub struct ApplyArgs {
     /// Print the plan and the outcome as JSON.
     #[arg(long)]
     pub json: bool,
+    /// When a restarted service fails its health gate, leave it as it is for debugging
+    /// instead of rolling back to its last healthy unit.
+    #[arg(long)]
+    pub no_rollback: bool,
     #[command(flatten)]
     pub targets: TargetArgs,
 }
@@ -52,6 +56,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let red = printer.style_err(Style::new().red().bold());
     let outcomes = online::apply(
         &plan,
+        online::ApplyOptions {
+            rollback: !args.no_rollback,
+        },
         &mut |target| connect(&inventory, target, &args.targets, &binary),
         &mut |target, step| {
             let mark = if step.error.is_none() {
@@ -59,8 +66,17 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             } else {
                 red.apply_to("FAILED")
             };
+            let verdict = step
+                .detail
+                .as_ref()
+                .and_then(|d| {
+                    serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
+                })
+                .and_then(|r| r.verdict)
+                .map(|v| format!(": {}", v.summary()))
+                .unwrap_or_default();
             printer.status(&format!(
-                "{}: {} ... {mark} ({:.1}s)",
+                "{}: {} ... {mark} ({:.1}s){verdict}",
                 target.heading(),
                 step.description,
                 step.millis as f64 / 1000.0
@@ -73,7 +89,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             "applied": true,
             "targets": outcomes.iter().map(|o| serde_json::json!({
                 "target": o.target,
-                "steps": o.steps.iter().map(|s| serde_json::json!({"step": s.description, "millis": s.millis})).collect::<Vec<_>>(),
+                "steps": o.steps.iter().map(|s| serde_json::json!({"step": s.description, "millis": s.millis, "detail": s.detail})).collect::<Vec<_>>(),
                 "millis": o.millis,
             })).collect::<Vec<_>>(),
         });

@@ -67,11 +67,25 @@ pub struct TargetOutcome {
     pub millis: u64,
 }
 
+/// How to apply.
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyOptions {
+    /// Roll a service back to its last healthy unit when the health gate fails.
+    pub rollback: bool,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        ApplyOptions { rollback: true }
+    }
+}
+
 /// Executes exactly `plan`: every change's steps on its target, in order, then reads the
 /// changed resources again and fails unless they now match. Nothing runs if any change
 /// is of a kind that cannot be applied yet.
 pub fn apply(
     plan: &Plan,
+    options: ApplyOptions,
     connect: &mut dyn FnMut(&Target) -> anyhow::Result<AgentClient>,
     on_step: &mut dyn FnMut(&Target, &StepOutcome),
 ) -> anyhow::Result<Vec<TargetOutcome>> {
@@ -80,8 +94,13 @@ pub fn apply(
     for t in &plan.targets {
         let mut steps = Vec::new();
         for c in &t.changes {
-            match c.spec.resource().steps(c.action) {
-                Ok(s) => steps.extend(s),
+            match c.spec.resource().steps(c) {
+                Ok(s) => steps.extend(s.into_iter().map(|mut step| {
+                    if let Step::DeployService(d) = &mut step {
+                        d.rollback = options.rollback;
+                    }
+                    step
+                })),
                 Err(why) => unsupported.push(format!("{}: {why}", c.address)),
             }
         }

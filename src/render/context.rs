@@ -213,6 +213,7 @@ fn service_context(
         .or(env_path.clone())
         .unwrap_or_else(|| "/".to_string());
     let unit_path = format!("/etc/systemd/system/{unit}");
+    let argv = sglang::argv(svc, &python, &model_path);
     let mut depends_on = vec![format!("file:{unit_path}")];
     if model.is_some() {
         depends_on.push(format!("model:{model_path}"));
@@ -262,7 +263,12 @@ fn service_context(
         "user": svc.user.to_string(),
         "working_directory": working_directory,
         "environment": environment,
-        "argv": sglang::argv(svc, &python, &model_path),
+        "argv": argv,
+        "exec_start": sglang::flat_argv(&argv),
+        "environment_assignments": environment
+            .iter()
+            .map(|e| format!("{}={}", e["name"].as_str().unwrap_or(""), e["value"].as_str().unwrap_or("")))
+            .collect::<Vec<_>>(),
         "served_model_name": svc.served_model_name.to_string(),
         "port": svc.port.value,
         "tp": svc.tp.value,

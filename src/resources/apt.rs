@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// Packages to have installed: `name` or `name=version`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,7 +70,7 @@ impl Resource for AptSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         // One transaction for all of them; apt leaves the ones already right alone.
         Ok(vec![Step::AptInstall {
             packages: self.packages.clone(),

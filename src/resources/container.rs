@@ -6,7 +6,7 @@ use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::Container;
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// Keys Proxmox only takes when a container is created.
 const CREATE_ONLY: &[&str] = &["ostemplate", "unprivileged", "ssh-public-keys"];
@@ -151,7 +151,7 @@ impl Resource for ContainerSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Err("creating and changing containers through the Proxmox API is not built yet".into())
     }
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Delta, Resource, mode_text};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// A directory's desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ impl Resource for DirectorySpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::Mkdir {
             path: self.path.clone(),
             owner: self.owner.clone(),

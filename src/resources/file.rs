@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use super::{Delta, Resource, mode_text, unified_diff};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// A file's desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,7 +93,7 @@ impl Resource for FileSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::WriteFile {
             path: self.path.clone(),
             content: self.content.clone(),

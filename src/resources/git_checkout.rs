@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// A checkout's desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +63,7 @@ impl Resource for GitCheckoutSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::GitCheckout {
             repo: self.repo.clone(),
             revision: self.revision.clone(),

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// Every kind of resource, tagged by `kind` as roles and plans write it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,9 +100,9 @@ pub trait Resource {
     fn probes(&self) -> Vec<Probe>;
     /// Compares with the answers; `None` when it already matches.
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead>;
-    /// The steps that carry out a change of `action`, run on the target in order. An
-    /// `Err` says what is not built yet; apply refuses the whole plan before any step.
-    fn steps(&self, action: Action) -> Result<Vec<Step>, String>;
+    /// The steps that carry out `change` (a change of this resource), run on the target in
+    /// order. An `Err` says what is not built yet; apply refuses the whole plan first.
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, String>;
 }
 
 /// Where a resource lives.

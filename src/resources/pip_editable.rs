@@ -7,7 +7,7 @@ use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// An editable install's desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ impl Resource for PipEditableSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         let source = if self.extras.is_empty() {
             self.source.clone()
         } else {

@@ -7,7 +7,7 @@ use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// Pinned packages' desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ impl Resource for PipPackagesSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::PipInstall {
             venv: self.venv.clone(),
             requirements: self.packages.clone(),

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// Config lines a role owns in one container's config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,7 +80,7 @@ impl Resource for PveLinesSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Err("root-only Proxmox config edits over SSH to the node are not built yet".into())
     }
 }

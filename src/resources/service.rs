@@ -4,9 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
+use crate::agent::deploy::{Deploy, loaded_differences_of};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::health::watch::WatchSpec;
+use crate::plan::{Action, Attribute, Change};
 
 /// A service's desired state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -14,6 +16,14 @@ use crate::plan::{Action, Attribute};
 pub struct ServiceSpec {
     /// Unit name, e.g. `sglang-qwen.service`.
     pub unit: String,
+    /// The unit's file.
+    pub unit_path: String,
+    /// The argv its `ExecStart=` runs, to compare with what systemd loaded.
+    #[serde(default)]
+    pub exec_start: Vec<String>,
+    /// `NAME=value` assignments of its `Environment=` lines, likewise.
+    #[serde(default)]
+    pub environment: Vec<String>,
     /// Start at boot.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -90,6 +100,28 @@ impl Resource for ServiceSpec {
                 Some("active (running)".into()),
             ));
         }
+        if let Some(u) = found {
+            let loaded = Deploy {
+                unit: self.unit.clone(),
+                unit_path: self.unit_path.clone(),
+                exec_start: self.exec_start.clone(),
+                environment: self.environment.clone(),
+                enable: false,
+                restart: false,
+                watch: None,
+                rollback: false,
+            };
+            for why in loaded_differences_of(&loaded, &u.properties) {
+                d = d.reason(why);
+            }
+            if !d.reasons.is_empty() {
+                d = d.attr(Attribute::change(
+                    "loaded unit",
+                    Some("differs from the inventory".into()),
+                    Some("reloaded and restarted".into()),
+                ));
+            }
+        }
         if let Some(r) = &self.readiness
             && !d.attributes.is_empty()
         {
@@ -104,7 +136,28 @@ impl Resource for ServiceSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: Action) -> Result<Vec<Step>, String> {
-        Err("deploying services with a health gate is not built yet (SGLang service issue)".into())
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
+        // Only `enabled` differing needs no restart; anything else does (a start when
+        // stopped, a restart when a dependency or the loaded unit changed).
+        let restart = change.attributes.iter().any(|a| a.name != "enabled");
+        let watch = self.readiness.as_ref().map(|r| WatchSpec {
+            unit: self.unit.clone(),
+            port: r.port,
+            url: r.url.clone(),
+            served_model_name: r.served_model_name.clone(),
+            deadline_ms: r.deadline_ms,
+            stall_timeout_ms: r.stall_timeout_ms,
+            poll_interval_ms: r.poll_interval_ms,
+        });
+        Ok(vec![Step::DeployService(Deploy {
+            unit: self.unit.clone(),
+            unit_path: self.unit_path.clone(),
+            exec_start: self.exec_start.clone(),
+            environment: self.environment.clone(),
+            enable: self.enabled,
+            restart,
+            watch,
+            rollback: true,
+        })])
     }
 }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Delta, Resource};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::plan::{Action, Attribute};
+use crate::plan::{Action, Attribute, Change};
 
 /// A venv's desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,11 +50,11 @@ impl Resource for VenvSpec {
         }
     }
 
-    fn steps(&self, action: Action) -> Result<Vec<Step>, String> {
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::CreateVenv {
             path: self.path.clone(),
             python: self.python.clone(),
-            replace: action == Action::Replace,
+            replace: change.action == Action::Replace,
         }])
     }
 }
