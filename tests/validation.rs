@@ -229,9 +229,13 @@ fn unpinned_packages_are_refused() {
 fn sglang_revision_must_be_a_commit() {
     let rev = LLM_TWO
         .lines()
-        .find(|l| l.contains("revision:") && !l.contains("main"))
+        .map(str::trim)
+        .find(|l| {
+            l.strip_prefix("revision: ")
+                .and_then(|v| v.split_whitespace().next())
+                .is_some_and(|v| v.len() == 40)
+        })
         .unwrap()
-        .trim()
         .to_string();
     let e = broken(&rev, "revision: main");
     assert!(e.contains("`main` is not a pinned commit"), "{e}");

@@ -22,7 +22,8 @@ pub fn argv(service: &Service, python: &str, model_path: &str) -> Vec<Vec<String
         "--served-model-name",
         Some(service.served_model_name.to_string()),
     );
-    flag("--tp", Some(service.tp.value.to_string()));
+    // The real flag; `--tp` only works as an argparse abbreviation of it.
+    flag("--tp-size", Some(service.tp.value.to_string()));
     flag("--host", Some(service.host.to_string()));
     flag("--port", Some(service.port.value.to_string()));
     if service.trust_remote_code.value {
