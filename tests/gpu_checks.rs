@@ -13,8 +13,14 @@ use provision::gpu::checks::{
 use provision::gpu::probe::{Section, Sections, parse_sections};
 use provision::transport::local::LocalTransport;
 
+/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
+/// checkouts through one target folder still reads this checkout's fixtures.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
 fn fixture(path: &str) -> String {
-    let full = format!("{}/tests/fixtures/gpu/{path}", env!("CARGO_MANIFEST_DIR"));
+    let full = format!("{}/tests/fixtures/gpu/{path}", manifest_dir());
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {full}: {e}"))
 }
 
@@ -384,12 +390,7 @@ fn write_exec(path: &Path, text: &str) {
 /// A guest copy under `dir`: stand-in nvidia-smi, ldconfig, nvcc and venv python printing
 /// the captured text, the driver libraries as empty files, /proc's driver version.
 fn fake_guest(dir: &Path) -> (GuestExpectations, LocalTransport) {
-    let fx = |p: &str| {
-        format!(
-            "{}/tests/fixtures/gpu/h200x2/{p}",
-            env!("CARGO_MANIFEST_DIR")
-        )
-    };
+    let fx = |p: &str| format!("{}/tests/fixtures/gpu/h200x2/{p}", manifest_dir());
     write_exec(
         &dir.join("bin/nvidia-smi"),
         &format!(

@@ -11,8 +11,14 @@ use predicates::str::contains;
 const UUID0: &str = "GPU-4a0f4724-ce2e-401e-401a-c916ec5586e7";
 const UUID1: &str = "GPU-bd921741-4472-2f2e-9847-d8171173854c";
 
+/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
+/// checkouts through one target folder still reads this checkout's fixtures.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
 fn fx(p: &str) -> String {
-    format!("{}/tests/fixtures/gpu/{p}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/fixtures/gpu/{p}", manifest_dir())
 }
 
 fn write_exec(path: &Path, text: &str) {

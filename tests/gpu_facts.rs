@@ -11,8 +11,14 @@ use provision::gpu::probe::{Section, parse_sections};
 use provision::inventory::container::GpuSelector;
 use provision::transport::local::LocalTransport;
 
+/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
+/// checkouts through one target folder still reads this checkout's fixtures.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
 fn fixture(path: &str) -> String {
-    let full = format!("{}/tests/fixtures/gpu/{path}", env!("CARGO_MANIFEST_DIR"));
+    let full = format!("{}/tests/fixtures/gpu/{path}", manifest_dir());
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {full}: {e}"))
 }
 
@@ -172,10 +178,7 @@ fn fake_node(root: &Path) {
 fn fake_bin(dir: &Path) -> String {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    let query = format!(
-        "{}/tests/fixtures/gpu/h200x2/query-gpu.txt",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let query = format!("{}/tests/fixtures/gpu/h200x2/query-gpu.txt", manifest_dir());
     let script = format!(
         "#!/bin/sh\ncase \"$*\" in\n  --query-gpu=index,uuid,name,memory.total,pci.bus_id\\ --format=csv,noheader) cat '{query}' ;;\n  *) echo \"unexpected arguments: $*\" >&2; exit 2 ;;\nesac\n"
     );

@@ -15,8 +15,14 @@ use provision::gpu::nccl::{
 use provision::inventory::container::GpuSelector;
 use provision::transport::local::LocalTransport;
 
+/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
+/// checkouts through one target folder still reads this checkout's fixtures.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
 fn fixture(path: &str) -> String {
-    let full = format!("{}/tests/fixtures/gpu/{path}", env!("CARGO_MANIFEST_DIR"));
+    let full = format!("{}/tests/fixtures/gpu/{path}", manifest_dir());
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {full}: {e}"))
 }
 
@@ -203,10 +209,7 @@ fn fake_transport(dir: &Path, gpus: u32, extra: &[(&str, &str)]) -> LocalTranspo
     let mut env = vec![
         (
             "PYTHONPATH".to_string(),
-            format!(
-                "{}/tests/fixtures/gpu/fake_torch",
-                env!("CARGO_MANIFEST_DIR")
-            ),
+            format!("{}/tests/fixtures/gpu/fake_torch", manifest_dir()),
         ),
         ("FAKE_TORCH_DIR".to_string(), dir.display().to_string()),
         ("FAKE_TORCH_GPUS".to_string(), gpus.to_string()),

@@ -3,8 +3,14 @@
 
 use provision::gpu::parse::{self, SmiFailure};
 
+/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
+/// checkouts through one target folder still reads this checkout's fixtures.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
 fn fixture(path: &str) -> String {
-    let full = format!("{}/tests/fixtures/gpu/{path}", env!("CARGO_MANIFEST_DIR"));
+    let full = format!("{}/tests/fixtures/gpu/{path}", manifest_dir());
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {full}: {e}"))
 }
 
