@@ -91,6 +91,11 @@ class ServerArgsTest(unittest.TestCase):
         self.assertFalse(r["ok"])
         self.assertEqual(r["error"], "sglang serve: error: unrecognized arguments: --frobnicate 1")
         self.assertTrue(r["traceback"].startswith("usage: sglang serve [-h] --model-path MODEL_PATH"))
+        proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", *self.seed, "--frobnicate", "1"],
+                              capture_output=True, text=True, env=env(), timeout=60)
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(proc.stderr.strip().splitlines()[-1],
+                         "sglang serve: error: unrecognized arguments: --frobnicate 1")
 
     def test_ambiguous_abbreviation_and_bad_choice(self):
         r = preflight(self.seed + ["--speculative-num", "3"])
