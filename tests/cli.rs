@@ -253,3 +253,13 @@ fn committed_schema_is_current() {
         "docs/inventory.schema.json is stale: run `cargo run -q -- schema > docs/inventory.schema.json`"
     );
 }
+
+#[test]
+fn usage_errors_exit_1_not_2() {
+    // 2 means drift to CI scripts; a typo on the command line must not look like drift.
+    let r = run(&["check", "--no-such-flag", "inventory/llm-two.yaml"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("--no-such-flag"), "{}", r.stderr);
+    assert_eq!(run(&["--help"]).code, 0);
+    assert_eq!(run(&["--version"]).code, 0);
+}

@@ -98,7 +98,19 @@ enum Command {
 
 /// Parses the command line, runs the command, prints any error, returns the exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap exits 2 on usage errors, which scripts would read as "drift": a
+            // usage error is an error, 1. Help and version are successes.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitStatus::Failure.into()
+            } else {
+                ExitStatus::Success.into()
+            };
+        }
+    };
     let verbosity = if cli.global.quiet {
         Verbosity::Quiet
     } else if cli.global.verbose {
