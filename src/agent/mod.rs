@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod deploy;
+pub mod preflight;
 pub mod probe;
 pub mod steps;
 

@@ -69,6 +69,8 @@ pub enum Step {
         /// `--no-index --find-links` folder.
         wheelhouse: Option<String>,
     },
+    /// Check a service's new argv before anything of it is written or restarted.
+    Preflight(super::preflight::PreflightSpec),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
     DeployService(super::deploy::Deploy),
@@ -105,6 +107,7 @@ impl Step {
             Step::GitCheckout { path, revision, .. } => {
                 format!("git checkout {revision} in {path}")
             }
+            Step::Preflight(p) => format!("preflight {}", p.unit),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.unit,
@@ -122,6 +125,9 @@ impl Step {
         let done = match self {
             Step::DeployService(d) => {
                 return super::deploy::deploy(d).map(|r| serde_json::to_value(r).ok());
+            }
+            Step::Preflight(p) => {
+                return super::preflight::preflight(p).map(|r| serde_json::to_value(r).ok());
             }
             Step::WriteFile {
                 path,

@@ -2,6 +2,7 @@
 //! which has no way to change a target; only [`apply`] builds a [`WriteCtx`], so `check`
 //! and `plan` cannot reach a write path by construction.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use super::facts::Facts;
@@ -10,6 +11,7 @@ use crate::agent::client::{AgentClient, AgentError, StepOutcome};
 use crate::agent::steps::Step;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Plan, PlanMode, Target, TargetPlan};
+use crate::resources::ResourceSpec;
 
 /// Read access to one target.
 pub struct ReadCtx {
@@ -93,7 +95,18 @@ pub fn apply(
     let mut unsupported = Vec::new();
     for t in &plan.targets {
         let mut steps = Vec::new();
+        let mut preflights = preflights_of(t);
         for c in &t.changes {
+            // A service's preflight runs before its unit is written, or before its deploy
+            // when the unit itself does not change: a refused argv changes nothing.
+            let key = match &c.spec {
+                ResourceSpec::File(f) => Some(f.path.clone()),
+                ResourceSpec::Service(svc) => Some(svc.unit_path.clone()),
+                _ => None,
+            };
+            if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
+                steps.push(step);
+            }
             match c.spec.resource().steps(c) {
                 Ok(s) => steps.extend(s.into_iter().map(|mut step| {
                     if let Step::DeployService(d) = &mut step {
@@ -154,6 +167,20 @@ pub fn apply(
         });
     }
     Ok(outcomes)
+}
+
+/// The preflight steps of the services this target plan (re)starts, by unit file.
+fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
+    t.changes
+        .iter()
+        .filter_map(|c| match &c.spec {
+            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
+                .preflight
+                .clone()
+                .map(|p| (svc.unit_path.clone(), Step::Preflight(p))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Reads the changed resources again: an apply that did not converge is an error.

@@ -46,8 +46,11 @@ pub struct Service {
     /// Speculative decoding.
     pub speculative: Option<Speculative>,
     /// How the scheduler buffers state for hybrid (Mamba/GDN) models
-    /// (`--mamba-scheduler-strategy`, SGLang 0.5.10 line), e.g. `extra_buffer`.
+    /// (`--mamba-scheduler-strategy`, SGLang 0.5.7 to 0.5.19), e.g. `extra_buffer`.
     pub mamba_scheduler_strategy: Option<Sp<Name>>,
+    /// The same setting under its name from SGLang 0.5.14 (`--mamba-radix-cache-strategy`);
+    /// the old name is gone from 0.5.20.
+    pub mamba_radix_cache_strategy: Option<Sp<Name>>,
     /// Fraction of GPU memory for weights and KV cache (`--mem-fraction-static`).
     pub mem_fraction_static: Option<Sp<f64>>,
     /// More arguments, passed as written after the typed ones.

@@ -37,6 +37,7 @@ const TYPED_FLAGS: &[(&str, &str)] = &[
         "speculative.num_draft_tokens",
     ),
     ("--mamba-scheduler-strategy", "mamba_scheduler_strategy"),
+    ("--mamba-radix-cache-strategy", "mamba_radix_cache_strategy"),
     ("--mem-fraction-static", "mem_fraction_static"),
 ];
 
@@ -482,6 +483,12 @@ impl Validator<'_> {
                     format!("unit `{unit}` is used by services `{first}` and `{name}`"),
                     "give each service its own unit",
                 );
+            }
+            if let (Some(old), Some(_)) = (
+                &svc.mamba_scheduler_strategy,
+                &svc.mamba_radix_cache_strategy,
+            ) {
+                self.err(old.pos, "both names of the mamba strategy are set", "keep the one your SGLang knows: mamba_scheduler_strategy up to 0.5.19, mamba_radix_cache_strategy from 0.5.14");
             }
             if let Some(f) = &svc.mem_fraction_static
                 && !(f.value > 0.0 && f.value < 1.0)

@@ -214,6 +214,16 @@ fn service_context(
         .unwrap_or_else(|| "/".to_string());
     let unit_path = format!("/etc/systemd/system/{unit}");
     let argv = sglang::argv(svc, &python, &model_path);
+    let environment_assignments: Vec<String> = environment
+        .iter()
+        .map(|e| {
+            format!(
+                "{}={}",
+                e["name"].as_str().unwrap_or(""),
+                e["value"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
     let mut depends_on = vec![format!("file:{unit_path}")];
     if model.is_some() {
         depends_on.push(format!("model:{model_path}"));
@@ -265,10 +275,7 @@ fn service_context(
         "environment": environment,
         "argv": argv,
         "exec_start": sglang::flat_argv(&argv),
-        "environment_assignments": environment
-            .iter()
-            .map(|e| format!("{}={}", e["name"].as_str().unwrap_or(""), e["value"].as_str().unwrap_or("")))
-            .collect::<Vec<_>>(),
+        "environment_assignments": environment_assignments,
         "served_model_name": svc.served_model_name.to_string(),
         "port": svc.port.value,
         "tp": svc.tp.value,
@@ -290,5 +297,19 @@ fn service_context(
             "poll_interval_ms": svc.readiness.poll_interval.millis(),
         },
         "model": model.map(|m| json!({"repo": m.repo.to_string(), "path": m.path.to_string()})),
+        "preflight": ct.ml_env.as_ref().map(|env| json!({
+            "unit": unit,
+            "python": python,
+            "venv": env.path.to_string(),
+            // What follows `python -m sglang.launch_server`.
+            "args": sglang::flat_argv(&argv).into_iter().skip(3).collect::<Vec<_>>(),
+            "environment": environment_assignments,
+            "working_directory": working_directory,
+            "user": svc.user.to_string(),
+            "port": svc.port.value,
+            "model_path": model_path,
+            "tp": svc.tp.value,
+            "timeout_ms": 180_000,
+        })),
     })
 }

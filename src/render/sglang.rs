@@ -61,6 +61,9 @@ pub fn argv(service: &Service, python: &str, model_path: &str) -> Vec<Vec<String
     if let Some(s) = &service.mamba_scheduler_strategy {
         flag("--mamba-scheduler-strategy", Some(s.to_string()));
     }
+    if let Some(s) = &service.mamba_radix_cache_strategy {
+        flag("--mamba-radix-cache-strategy", Some(s.to_string()));
+    }
     if let Some(f) = &service.mem_fraction_static {
         flag("--mem-fraction-static", Some(f.value.to_string()));
     }

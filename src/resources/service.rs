@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
 use crate::agent::deploy::{Deploy, loaded_differences_of};
+use crate::agent::preflight::PreflightSpec;
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::health::watch::WatchSpec;
@@ -33,6 +34,9 @@ pub struct ServiceSpec {
     /// The health gate after a (re)start, if any.
     #[serde(default)]
     pub readiness: Option<ReadinessSpec>,
+    /// Checks run on the target before the unit is written or the service restarted.
+    #[serde(default)]
+    pub preflight: Option<PreflightSpec>,
 }
 
 fn yes() -> bool {

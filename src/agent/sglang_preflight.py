@@ -1,4 +1,4 @@
-# Reference preflight for the provisioner: run the INSTALLED SGLang's own
+# provision's SGLang preflight (embedded in the agent): run the INSTALLED SGLang's own
 # argument handling on the unit's exact argv, without starting a server.
 #
 #   env -i <the unit's Environment= lines> HF_HUB_OFFLINE=1 \
