@@ -45,7 +45,7 @@ pub enum ResourceSpec {
     Model(model::ModelSpec),
     /// A systemd service: enabled, running, restarted when what it depends on changes,
     /// and health-gated.
-    Service(service::ServiceSpec),
+    Service(Box<service::ServiceSpec>),
     /// A container's Proxmox configuration.
     Container(container::ContainerSpec),
     /// Lines in a container's Proxmox config that only root may set (device passthrough,
@@ -127,7 +127,7 @@ impl ResourceSpec {
             ResourceSpec::GitCheckout(r) => r,
             ResourceSpec::PipEditable(r) => r,
             ResourceSpec::Model(r) => r,
-            ResourceSpec::Service(r) => r,
+            ResourceSpec::Service(r) => r.as_ref(),
             ResourceSpec::Container(r) => r,
             ResourceSpec::PveLines(r) => r,
         }
