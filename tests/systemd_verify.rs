@@ -85,3 +85,30 @@ fn a_broken_unit_is_caught() {
         "systemd-analyze did not flag an unknown key"
     );
 }
+
+/// The degraded variants (inventory `fallback:`) are whole units too: they must verify.
+#[test]
+fn fallback_units_verify() {
+    let prepared = provision::cli::prepare(Path::new("inventory/llm-two.yaml")).unwrap();
+    let mut count = 0;
+    for t in &prepared.desired {
+        for d in &t.resources {
+            if let provision::resources::ResourceSpec::Service(s) = &d.spec {
+                for fb in &s.fallbacks {
+                    assert!(!fb.content.contains("--speculative"), "{}", fb.content);
+                    assert!(
+                        !fb.content.contains("SGLANG_ENABLE_SPEC_V2"),
+                        "{}",
+                        fb.content
+                    );
+                    verify(
+                        &format!("{}.service", fb.name.replace(' ', "-")),
+                        &fb.content,
+                    );
+                    count += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(count, 1, "llm-two declares one fallback");
+}

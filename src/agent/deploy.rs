@@ -35,17 +35,41 @@ pub struct Deploy {
     pub watch: Option<WatchSpec>,
     /// On a failed gate, go back to the last unit that passed it.
     pub rollback: bool,
+    /// Degraded variants tried, in order, before rolling back.
+    #[serde(default)]
+    pub fallbacks: Vec<FallbackUnit>,
+}
+
+/// A degraded variant of a unit (inventory `fallback:`), rendered in full.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FallbackUnit {
+    /// What it is, e.g. `without MTP`.
+    pub name: String,
+    /// The whole unit file.
+    pub content: String,
+    /// Its argv, to prove it loaded.
+    pub exec_start: Vec<String>,
+    /// Its environment, likewise.
+    pub environment: Vec<String>,
+    /// Its preflight.
+    #[serde(default)]
+    pub preflight: Option<super::preflight::PreflightSpec>,
 }
 
 /// The outcome for the client: the verdict, and the rollback's, if one happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeployReport {
+    /// The unit.
+    pub unit: String,
     /// The health gate's verdict on the new unit.
     pub verdict: Option<Verdict>,
     /// The verdict on the restored last-known-good unit, after a rollback.
     pub rollback: Option<Verdict>,
     /// What was done, in words.
     pub notes: Vec<String>,
+    /// The fallback now running, when the inventory's unit failed and one passed.
+    #[serde(default)]
+    pub degraded: Option<String>,
 }
 
 fn systemctl(args: &[&str]) -> Result<(), String> {
@@ -155,9 +179,11 @@ fn restart_and_watch(d: &Deploy) -> Result<Option<Verdict>, String> {
 /// Deploys; `Err` carries the diagnosis (and what the rollback did) for people.
 pub fn deploy(d: &Deploy) -> Result<DeployReport, String> {
     let mut report = DeployReport {
+        unit: d.unit.clone(),
         verdict: None,
         rollback: None,
         notes: Vec::new(),
+        degraded: None,
     };
     let p = unit_properties(&d.unit, &["LoadState", "NeedDaemonReload"]);
     if p.get("NeedDaemonReload").map(String::as_str) == Some("yes")
@@ -189,8 +215,79 @@ pub fn deploy(d: &Deploy) -> Result<DeployReport, String> {
             write_file_atomic(Path::new(&lkg_path(&d.unit)), &unit, "root", "root", 0o644)?;
             Ok(report)
         }
-        Some(failed) => Err(fail(d, failed)),
+        Some(failed) => {
+            if let Some(name) = try_fallbacks(d, failed, &mut report)? {
+                report.degraded = Some(name);
+                return Ok(report);
+            }
+            Err(fail(d, failed))
+        }
     }
+}
+
+/// Tries each fallback until one passes the gate; its name, or `None` when none did.
+fn try_fallbacks(
+    d: &Deploy,
+    failed: &Verdict,
+    report: &mut DeployReport,
+) -> Result<Option<String>, String> {
+    for fb in &d.fallbacks {
+        report.notes.push(format!(
+            "{}: {}; trying fallback `{}`",
+            d.unit,
+            failed.summary(),
+            fb.name
+        ));
+        if let Some(p) = &fb.preflight
+            && let Err(e) = super::preflight::preflight(p)
+        {
+            report.notes.push(format!(
+                "fallback `{}` refused by its preflight: {e}",
+                fb.name
+            ));
+            continue;
+        }
+        let _ = systemctl(&["stop", &d.unit]);
+        write_file_atomic(
+            Path::new(&d.unit_path),
+            fb.content.as_bytes(),
+            "root",
+            "root",
+            0o644,
+        )?;
+        systemctl(&["daemon-reload"])?;
+        let variant = Deploy {
+            exec_start: fb.exec_start.clone(),
+            environment: fb.environment.clone(),
+            fallbacks: Vec::new(),
+            ..d.clone()
+        };
+        let diffs = loaded_differences(&variant);
+        if !diffs.is_empty() {
+            report.notes.push(format!(
+                "fallback `{}` did not load: {}",
+                fb.name,
+                diffs.join("; ")
+            ));
+            continue;
+        }
+        match restart_and_watch(&variant)? {
+            Some(Verdict::Ready { after_ms }) => {
+                report.rollback = Some(Verdict::Ready { after_ms });
+                let unit = fs::read(&d.unit_path)
+                    .map_err(|e| format!("cannot read {}: {e}", d.unit_path))?;
+                write_file_atomic(Path::new(&lkg_path(&d.unit)), &unit, "root", "root", 0o644)?;
+                return Ok(Some(fb.name.clone()));
+            }
+            Some(v) => report.notes.push(format!(
+                "fallback `{}` failed too: {}",
+                fb.name,
+                v.summary()
+            )),
+            None => return Ok(Some(fb.name.clone())),
+        }
+    }
+    Ok(None)
 }
 
 /// Reports a failed gate, rolling back first when asked and possible.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::facts::Facts;
 use super::{Desired, DesiredTarget, diff_target};
 use crate::agent::client::{AgentClient, AgentError, StepOutcome};
+use crate::agent::deploy::DeployReport;
 use crate::agent::steps::Step;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Plan, PlanMode, Target, TargetPlan};
@@ -131,6 +132,7 @@ pub fn apply(
             .into());
     }
     let mut outcomes = Vec::new();
+    let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
     for (t, steps) in work {
         let started = Instant::now();
         let ctx = WriteCtx {
@@ -159,12 +161,55 @@ pub fn apply(
             ))
             .into());
         }
-        verify(&ctx, t)?;
+        // A service that runs a fallback differs from the inventory on purpose: it is
+        // reported as degraded below, not as a failed write.
+        let mut skip: Vec<String> = Vec::new();
+        for r in &results {
+            let report = r
+                .detail
+                .as_ref()
+                .and_then(|v| serde_json::from_value::<DeployReport>(v.clone()).ok());
+            if let Some(DeployReport {
+                degraded: Some(name),
+                notes,
+                unit,
+                ..
+            }) = report
+            {
+                if let Some(c) = t
+                    .changes
+                    .iter()
+                    .find(|c| matches!(&c.spec, ResourceSpec::Service(s) if s.unit == unit))
+                {
+                    if let ResourceSpec::Service(s) = &c.spec {
+                        skip.push(format!("file:{}", s.unit_path));
+                    }
+                    skip.push(c.spec.address());
+                }
+                degraded.push((t.target.heading(), unit, name, notes));
+            }
+        }
+        verify(&ctx, t, &skip)?;
         outcomes.push(TargetOutcome {
             target: t.target.clone(),
             steps: results,
             millis: started.elapsed().as_millis() as u64,
         });
+    }
+    if !degraded.is_empty() {
+        let mut d = Diagnostic::new(format!(
+            "{} service(s) run DEGRADED: the inventory's configuration failed its health gate and a fallback is serving",
+            degraded.len()
+        ));
+        for (target, unit, name, notes) in &degraded {
+            d = d.cause(format!("{unit} on {target} runs fallback `{name}`"));
+            for n in notes {
+                d = d.cause(format!("  {n}"));
+            }
+        }
+        return Err(d
+            .hint("the service answers requests; `provision check` reports the difference until the inventory's configuration works")
+            .into());
     }
     Ok(outcomes)
 }
@@ -184,12 +229,13 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
 }
 
 /// Reads the changed resources again: an apply that did not converge is an error.
-fn verify(ctx: &WriteCtx, t: &TargetPlan) -> anyhow::Result<()> {
+fn verify(ctx: &WriteCtx, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()> {
     let desired = DesiredTarget {
         target: t.target.clone(),
         resources: t
             .changes
             .iter()
+            .filter(|c| !skip.contains(&c.spec.address()))
             .map(|c| Desired {
                 spec: c.spec.clone(),
                 role: c.role.clone(),

@@ -67,9 +67,78 @@ pub struct Service {
     /// What systemd does when the server exits.
     #[serde(default)]
     pub restart: Restart,
-    /// How to tell the server is ready, hung or crashing after a (re)start.
+    /// How to tell the service is ready, hung or crashing after a (re)start.
     #[serde(default)]
     pub readiness: Readiness,
+    /// Degraded variants tried in order when the service fails its health gate (before
+    /// rolling back), e.g. without speculative decoding. Success is reported as degraded.
+    #[serde(default)]
+    pub fallback: Vec<Fallback>,
+}
+
+/// A degraded variant of a service: some typed settings dropped, arguments and
+/// environment added.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fallback {
+    /// What it is, for the report (e.g. `without MTP`).
+    pub name: Sp<Text>,
+    /// Settings to drop: `speculative`, `mamba_scheduler_strategy`,
+    /// `mamba_radix_cache_strategy`, `attention_backend`, `kv_cache_dtype`,
+    /// `reasoning_parser`, `tool_call_parser`, `mem_fraction_static`, `extra_args`, or
+    /// `environment.NAME`.
+    #[serde(default)]
+    pub without: Vec<Sp<Text>>,
+    /// Arguments to add.
+    #[serde(default)]
+    pub extra_args: Vec<Sp<Text>>,
+    /// Environment to add or change.
+    #[serde(default)]
+    pub environment: IndexMap<EnvName, Sp<Text>>,
+}
+
+/// The settings a fallback may drop.
+pub const FALLBACK_DROPPABLE: &[&str] = &[
+    "speculative",
+    "mamba_scheduler_strategy",
+    "mamba_radix_cache_strategy",
+    "attention_backend",
+    "kv_cache_dtype",
+    "reasoning_parser",
+    "tool_call_parser",
+    "mem_fraction_static",
+    "extra_args",
+];
+
+impl Service {
+    /// This service as fallback `f` makes it.
+    pub fn with_fallback(&self, f: &Fallback) -> Service {
+        let mut s = self.clone();
+        for w in &f.without {
+            match w.as_str() {
+                "speculative" => s.speculative = None,
+                "mamba_scheduler_strategy" => s.mamba_scheduler_strategy = None,
+                "mamba_radix_cache_strategy" => s.mamba_radix_cache_strategy = None,
+                "attention_backend" => s.attention_backend = None,
+                "kv_cache_dtype" => s.kv_cache_dtype = None,
+                "reasoning_parser" => s.reasoning_parser = None,
+                "tool_call_parser" => s.tool_call_parser = None,
+                "mem_fraction_static" => s.mem_fraction_static = None,
+                "extra_args" => s.extra_args.clear(),
+                other => {
+                    if let Some(name) = other.strip_prefix("environment.") {
+                        s.environment.retain(|k, _| k.as_str() != name);
+                    }
+                }
+            }
+        }
+        s.extra_args.extend(f.extra_args.iter().cloned());
+        for (k, v) in &f.environment {
+            s.environment.insert(k.clone(), v.clone());
+        }
+        s.fallback.clear();
+        s
+    }
 }
 
 /// Kinds of service.

@@ -524,6 +524,43 @@ impl Validator<'_> {
                     );
                 }
             }
+            for f in &svc.fallback {
+                for w in &f.without {
+                    let ok = super::service::FALLBACK_DROPPABLE.contains(&w.as_str())
+                        || w.as_str()
+                            .strip_prefix("environment.")
+                            .is_some_and(|n| svc.environment.keys().any(|k| k.as_str() == n));
+                    if !ok {
+                        let hint = match did_you_mean(
+                            w.as_str(),
+                            super::service::FALLBACK_DROPPABLE,
+                        ) {
+                            Some(best) => format!("did you mean `{best}`?"),
+                            None => format!(
+                                "droppable: {}, or environment.NAME of a variable the service sets",
+                                super::service::FALLBACK_DROPPABLE.join(", ")
+                            ),
+                        };
+                        self.err(
+                            w.pos,
+                            format!("fallback `{}` cannot drop `{}`", f.name.value, w.value),
+                            hint,
+                        );
+                    }
+                }
+                for arg in &f.extra_args {
+                    let flag = arg.as_str().split('=').next().unwrap_or("");
+                    if let Some((_, field)) = TYPED_FLAGS.iter().find(|(fl, _)| *fl == flag) {
+                        self.err(
+                            arg.pos,
+                            format!("`{flag}` in a fallback's extra_args repeats a typed field"),
+                            format!(
+                                "the fallback keeps `{field}` unless it lists it under `without`"
+                            ),
+                        );
+                    }
+                }
+            }
             let restart = &svc.restart;
             let loop_time = restart.delay.millis() * u64::from(restart.start_limit_burst.value);
             if restart.policy.value != super::service::RestartPolicy::No

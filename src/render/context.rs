@@ -106,7 +106,19 @@ pub fn container_context(
     let services: Vec<Value> = ct
         .services
         .iter()
-        .map(|(name, svc)| service_context(name, svc, ct, &cuda, &ml_env))
+        .map(|(name, svc)| {
+            let mut ctx = service_context(name, svc, ct, &cuda, &ml_env);
+            ctx["fallbacks"] = svc
+                .fallback
+                .iter()
+                .map(|f| {
+                    let mut fb = service_context(name, &svc.with_fallback(f), ct, &cuda, &ml_env);
+                    fb["fallback_name"] = json!(f.name.to_string());
+                    fb
+                })
+                .collect();
+            ctx
+        })
         .collect();
     json!({
         "node": {

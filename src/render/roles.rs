@@ -252,6 +252,27 @@ impl Role {
                 }
             }
         }
+        if kind == "service"
+            && let Some(t) = rendered.remove("unit_template")
+        {
+            let name = t.as_str().unwrap_or_default().to_string();
+            let contexts = rendered
+                .remove("fallbacks")
+                .unwrap_or(Value::Array(Vec::new()));
+            let mut units = Vec::new();
+            for fb in contexts.as_array().into_iter().flatten() {
+                let mut fb_scope = scope.clone();
+                fb_scope["service"] = fb.clone();
+                units.push(serde_json::json!({
+                    "name": fb["fallback_name"],
+                    "content": renderer.render(&name, &fb_scope)?,
+                    "exec_start": fb["exec_start"],
+                    "environment": fb["environment_assignments"],
+                    "preflight": fb["preflight"],
+                }));
+            }
+            rendered.insert("fallbacks".into(), Value::Array(units));
+        }
         if matches!(kind.as_str(), "file" | "directory") {
             for key in ["owner", "group"] {
                 rendered

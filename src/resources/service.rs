@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
-use crate::agent::deploy::{Deploy, loaded_differences_of};
+use crate::agent::deploy::{Deploy, FallbackUnit, loaded_differences_of};
 use crate::agent::preflight::PreflightSpec;
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe};
@@ -37,6 +37,9 @@ pub struct ServiceSpec {
     /// Checks run on the target before the unit is written or the service restarted.
     #[serde(default)]
     pub preflight: Option<PreflightSpec>,
+    /// Degraded variants of the unit, tried in order when the health gate fails.
+    #[serde(default)]
+    pub fallbacks: Vec<FallbackUnit>,
 }
 
 fn yes() -> bool {
@@ -114,6 +117,7 @@ impl Resource for ServiceSpec {
                 restart: false,
                 watch: None,
                 rollback: false,
+                fallbacks: Vec::new(),
             };
             for why in loaded_differences_of(&loaded, &u.properties) {
                 d = d.reason(why);
@@ -162,6 +166,7 @@ impl Resource for ServiceSpec {
             restart,
             watch,
             rollback: true,
+            fallbacks: self.fallbacks.clone(),
         })])
     }
 }
