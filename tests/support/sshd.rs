@@ -15,8 +15,13 @@ use tempfile::TempDir;
 
 /// Runs `ssh-keygen` to make an ed25519 key pair at `path` (and `path.pub`).
 pub fn keygen(path: &Path) {
+    keygen_typed(path, "ed25519");
+}
+
+/// Runs `ssh-keygen` to make a key pair of `kind` (`ed25519`, `ecdsa`, `rsa`) at `path`.
+pub fn keygen_typed(path: &Path, kind: &str) {
     let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C"])
+        .args(["-q", "-t", kind, "-N", "", "-C"])
         .arg(format!(
             "test-{}",
             path.file_name().unwrap().to_string_lossy()
@@ -52,13 +57,24 @@ pub struct Sshd {
     pub port: u16,
     /// Its directory (host key, authorized_keys, config, log).
     pub dir: TempDir,
+    /// Its host key types, the first one being the one `host_key_pub` names.
+    host_key_types: Vec<String>,
 }
 
 impl Sshd {
-    /// Starts an sshd that accepts the public keys in `authorized` for any user.
+    /// Starts an sshd with an ed25519 host key that accepts the public keys in
+    /// `authorized` for any user.
     pub fn start(authorized: &[&Path]) -> Sshd {
+        Sshd::start_with_host_keys(authorized, &["ed25519"])
+    }
+
+    /// Starts an sshd with one host key of each type in `types`.
+    pub fn start_with_host_keys(authorized: &[&Path], types: &[&str]) -> Sshd {
         let dir = tempfile::tempdir().unwrap();
-        keygen(&dir.path().join("host_key"));
+        for kind in types {
+            keygen_typed(&dir.path().join(format!("host_key_{kind}")), kind);
+        }
+        let host_key_types: Vec<String> = types.iter().map(|t| t.to_string()).collect();
         let mut keys = String::new();
         for k in authorized {
             keys += &fs::read_to_string(k).unwrap();
@@ -70,7 +86,7 @@ impl Sshd {
         for _ in 0..10 {
             let port = free_port();
             let config = dir.path().join("sshd_config");
-            fs::write(&config, config_text(dir.path(), port)).unwrap();
+            fs::write(&config, config_text(dir.path(), port, &host_key_types)).unwrap();
             let log = dir.path().join("log");
             let _ = fs::remove_file(&log);
             let mut child = Command::new("/usr/sbin/sshd")
@@ -85,7 +101,12 @@ impl Sshd {
             while started.elapsed() < Duration::from_secs(10) {
                 let text = fs::read_to_string(&log).unwrap_or_default();
                 if text.contains(&format!("Server listening on 127.0.0.1 port {port}")) {
-                    return Sshd { child, port, dir };
+                    return Sshd {
+                        child,
+                        port,
+                        dir,
+                        host_key_types,
+                    };
                 }
                 if child.try_wait().unwrap().is_some() {
                     break;
@@ -101,14 +122,24 @@ impl Sshd {
         );
     }
 
-    /// The host's public key file.
+    /// The public key file of the host's first host key.
     pub fn host_key_pub(&self) -> PathBuf {
-        self.dir.path().join("host_key.pub")
+        self.host_key_pub_of(&self.host_key_types[0])
     }
 
-    /// A `known_hosts` line for this server, as OpenSSH writes it for a non-22 port.
+    /// The public key file of the host key of type `kind`.
+    pub fn host_key_pub_of(&self, kind: &str) -> PathBuf {
+        self.dir.path().join(format!("host_key_{kind}.pub"))
+    }
+
+    /// A `known_hosts` line for the first host key, as OpenSSH writes it for a non-22 port.
     pub fn known_hosts_line(&self) -> String {
-        let key = fs::read_to_string(self.host_key_pub()).unwrap();
+        self.known_hosts_line_of(&self.host_key_types[0])
+    }
+
+    /// A `known_hosts` line for the host key of type `kind`.
+    pub fn known_hosts_line_of(&self, kind: &str) -> String {
+        let key = fs::read_to_string(self.host_key_pub_of(kind)).unwrap();
         let mut fields = key.split_whitespace();
         format!(
             "[127.0.0.1]:{} {} {}\n",
@@ -116,6 +147,11 @@ impl Sshd {
             fields.next().unwrap(),
             fields.next().unwrap()
         )
+    }
+
+    /// The process id of the listener (session processes are its children).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The server's log so far.
@@ -150,11 +186,18 @@ impl Drop for Sshd {
     }
 }
 
-fn config_text(dir: &Path, port: u16) -> String {
+/// `SetEnv SHLVL=1`: bash sources `~/.bashrc` for commands run by sshd only at shell level
+/// 1, and this machine's root `.bashrc` may be slow (`pyenv init` takes a second or more),
+/// which would swamp every measurement of the transport itself.
+fn config_text(dir: &Path, port: u16, host_key_types: &[String]) -> String {
+    let host_keys: String = host_key_types
+        .iter()
+        .map(|t| format!("HostKey {}/host_key_{t}\n", dir.display()))
+        .collect();
     format!(
         "Port {port}\n\
          ListenAddress 127.0.0.1\n\
-         HostKey {dir}/host_key\n\
+         {host_keys}\
          AuthorizedKeysFile {dir}/authorized_keys\n\
          PidFile none\n\
          UsePAM no\n\
@@ -163,7 +206,8 @@ fn config_text(dir: &Path, port: u16) -> String {
          KbdInteractiveAuthentication no\n\
          PermitRootLogin prohibit-password\n\
          AllowTcpForwarding yes\n\
-         LogLevel DEBUG1\n",
+         LogLevel DEBUG1\n\
+         SetEnv SHLVL=1\n",
         dir = dir.display()
     )
 }
