@@ -414,7 +414,15 @@ fn agent_keys_log_in() {
 #[test]
 fn a_key_the_server_does_not_know_is_an_auth_error() {
     let client = Client::new();
-    let sshd = Sshd::start(&[&client.public()]);
+    // An authorized key behind a passphrase: we cannot use it, and say so.
+    let locked = client.dir.path().join("locked");
+    let status = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "a passphrase", "-f"])
+        .arg(&locked)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let sshd = Sshd::start(&[&client.public(), &locked.with_extension("pub")]);
     let wrong = client.dir.path().join("wrong");
     keygen(&wrong);
     let agent = Agent::start(); // empty
@@ -427,7 +435,17 @@ fn a_key_the_server_does_not_know_is_an_auth_error() {
         text.contains(&format!("root@127.0.0.1:{}", sshd.port)),
         "{text}"
     );
-    assert!(text.contains(&wrong.display().to_string()), "{text}");
+    assert!(
+        text.contains(&format!("key file {}: refused", wrong.display())),
+        "{text}"
+    );
+
+    opts.identity_file = Some(locked.clone());
+    let text = SshTransport::connect(&opts).unwrap_err().to_string();
+    assert!(
+        text.contains(&format!("key file {}: cannot be loaded", locked.display())),
+        "{text}"
+    );
 
     opts.identity_file = None;
     opts.agent_socket = Some(agent.socket());

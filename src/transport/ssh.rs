@@ -126,11 +126,12 @@ impl Drop for Keepalive {
 
 /// Runs commands on one host over one SSH session.
 pub struct SshTransport {
+    /// First, so the keepalive thread is stopped before the connection is dropped.
+    _keepalive: Option<Keepalive>,
     conn: Arc<Mutex<Conn>>,
     target: String,
     channels: AtomicUsize,
     connect_timeout: Duration,
-    _keepalive: Option<Keepalive>,
 }
 
 impl std::fmt::Debug for SshTransport {

@@ -246,9 +246,15 @@ fn try_key_file(session: &Session, user: &str, file: &Path, tried: &mut Vec<Stri
             false
         }
         Err(e) => {
+            // -18: the server does not accept this public key. -16 and -19: the private
+            // key could not be loaded or could not sign, which is what a passphrase does.
             let why = match e.code() {
-                ssh2::ErrorCode::Session(-16) => "cannot be loaded (encrypted or unsupported)",
-                _ => "refused by the server",
+                ssh2::ErrorCode::Session(-18) => "refused by the server".to_string(),
+                ssh2::ErrorCode::Session(-16 | -19) => format!(
+                    "cannot be loaded ({}; keys with a passphrase must go through ssh-agent)",
+                    e.message()
+                ),
+                _ => e.message().to_string(),
             };
             tried.push(format!("key file {}: {why}", file.display()));
             false
