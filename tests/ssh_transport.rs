@@ -623,22 +623,29 @@ fn keepalives_flow_while_idle_and_during_a_long_command() {
 }
 
 #[test]
-fn a_lost_connection_is_an_error_not_a_hang() {
+fn a_lost_connection_fails_the_running_command_and_the_next_one_reconnects() {
     let client = Client::new();
     let sshd = Sshd::start(&[&client.public()]);
     let mut opts = client.options(&sshd);
     opts.connect_timeout = Duration::from_secs(2);
     let t = connect(&opts);
     assert!(t.exec("true", b"", T).unwrap().success());
-    // Kill this server's session processes (the listener's children), ending the
-    // connection from the far side.
-    let status = Command::new("pkill")
-        .args(["-KILL", "-P", &sshd.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let pidfile = client.dir.path().join("sleep.pid");
+    let command = format!("echo $$ > {}; exec sleep 8", pidfile.display());
     let started = Instant::now();
-    let err = t.exec("true", b"", T).unwrap_err();
+    let err = thread::scope(|s| {
+        let running = s.spawn(|| t.exec(&command, b"", T));
+        sshd.wait_for("req exec", 2);
+        thread::sleep(Duration::from_millis(200));
+        // Kill this server's session processes (the listener's children): the
+        // connection ends from the far side in the middle of the command.
+        let status = Command::new("pkill")
+            .args(["-KILL", "-P", &sshd.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        running.join().unwrap().unwrap_err()
+    });
     assert!(
         matches!(
             err,
@@ -646,5 +653,14 @@ fn a_lost_connection_is_an_error_not_a_hang() {
         ),
         "{err}"
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(5), "it hung");
+    // The orphaned command would end by itself; do not leave it behind.
+    if let Ok(pid) = fs::read_to_string(&pidfile) {
+        let _ = Command::new("kill").arg(pid.trim()).status();
+    }
+    // The command was cut off, so it is not run again; the next command gets a new
+    // connection.
+    assert_eq!(t.exec("echo back", b"", T).unwrap().stdout_text(), "back\n");
+    assert_eq!(t.connections_opened(), 2);
+    assert_eq!(sshd.count("Accepted publickey"), 2);
 }

@@ -129,9 +129,10 @@ pub struct SshTransport {
     /// First, so the keepalive thread is stopped before the connection is dropped.
     _keepalive: Option<Keepalive>,
     conn: Arc<Mutex<Conn>>,
+    opts: SshOptions,
     target: String,
     channels: AtomicUsize,
-    connect_timeout: Duration,
+    connections: AtomicUsize,
 }
 
 impl std::fmt::Debug for SshTransport {
@@ -139,6 +140,7 @@ impl std::fmt::Debug for SshTransport {
         f.debug_struct("SshTransport")
             .field("target", &self.target)
             .field("channels", &self.channels_opened())
+            .field("connections", &self.connections_opened())
             .finish()
     }
 }
@@ -146,101 +148,29 @@ impl std::fmt::Debug for SshTransport {
 impl SshTransport {
     /// Connects (through the jump hosts, if any), checks host keys and logs in.
     pub fn connect(opts: &SshOptions) -> Result<Self, TransportError> {
-        let route = config::resolve(opts)?;
-        let known_path = match &opts.known_hosts {
-            Some(p) => expand_tilde(p),
-            None => home().map(|h| h.join(".ssh/known_hosts")).ok_or_else(|| {
-                TransportError::Config {
-                    target: opts.host.clone(),
-                    reason: "no known_hosts file given and HOME is unset".into(),
-                }
-            })?,
-        };
-        let mut known = KnownHosts::load(&known_path).map_err(|e| TransportError::Config {
-            target: opts.host.clone(),
-            reason: format!("cannot read {}: {e}", known_path.display()),
-        })?;
-        let agent = opts.agent_socket.clone().or_else(|| {
-            std::env::var_os("SSH_AUTH_SOCK")
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-        });
-        let files_for = |hop: &Hop| -> Vec<PathBuf> {
-            if hop.identity_files.is_empty() {
-                default_identity_files()
-            } else {
-                hop.identity_files.clone()
-            }
-        };
-        let timeout = opts.connect_timeout;
-        let first = route.jumps.first().unwrap_or(&route.target);
-        let mut socket = Socket::connect(first, timeout)?;
-        let mut tunnels = Vec::new();
-        for (i, hop) in route.jumps.iter().enumerate() {
-            // A jump host is logged into like any host; the target's key file comes last,
-            // since the same key often opens both.
-            let mut files = files_for(hop);
-            files.extend(opts.identity_file.iter().map(|f| expand_tilde(f)));
-            let keys = Keys {
-                explicit: None,
-                agent: agent.clone(),
-                files,
-            };
-            let waiter = socket.try_clone().map_err(|e| TransportError::Io {
-                target: hop.address(),
-                source: e,
-            })?;
-            let jump = session::establish(
-                socket,
-                hop,
-                &mut known,
-                opts.host_key_policy,
-                &keys,
-                timeout,
-            )?;
-            let next = route.jumps.get(i + 1).unwrap_or(&route.target);
-            let (next_socket, tunnel) =
-                jump::open(jump, waiter, hop, next, keepalive_or_default(opts))?;
-            tunnels.push(tunnel);
-            socket = next_socket;
-        }
-        let target = &route.target;
-        let keys = Keys {
-            explicit: opts.identity_file.as_deref().map(expand_tilde),
-            agent,
-            files: files_for(target),
-        };
-        let waiter = socket.try_clone().map_err(|e| TransportError::Io {
-            target: target.address(),
-            source: e,
-        })?;
-        let session = session::establish(
-            socket,
-            target,
-            &mut known,
-            opts.host_key_policy,
-            &keys,
-            timeout,
-        )?;
-        let conn = Arc::new(Mutex::new(Conn {
-            session,
-            socket: waiter,
-            _tunnels: tunnels,
-        }));
+        let (conn, target) = open(opts)?;
+        let conn = Arc::new(Mutex::new(conn));
         let keepalive = (!opts.keepalive_interval.is_zero())
             .then(|| start_keepalive(&conn, opts.keepalive_interval));
         Ok(SshTransport {
-            conn,
-            target: target.describe(),
-            channels: AtomicUsize::new(0),
-            connect_timeout: timeout,
             _keepalive: keepalive,
+            conn,
+            opts: opts.clone(),
+            target,
+            channels: AtomicUsize::new(0),
+            connections: AtomicUsize::new(1),
         })
     }
 
-    /// How many channels (one per command) this session has opened.
+    /// How many channels (one per command) have been opened.
     pub fn channels_opened(&self) -> usize {
         self.channels.load(Ordering::Relaxed)
+    }
+
+    /// How many SSH connections have been made: 1, plus one for each time a lost
+    /// connection was replaced.
+    pub fn connections_opened(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Conn> {
@@ -255,6 +185,123 @@ impl SshTransport {
             reason: format!("{what}: {}", e.message()),
         }
     }
+
+    /// Opens a channel for one command. When that fails (the connection was lost while
+    /// idle: a reboot, a NAT timeout), connects again once; nothing has run yet, so
+    /// trying again is safe.
+    fn channel(&self, conn: &mut Conn) -> Result<ssh2::Channel, TransportError> {
+        let open_channel = |session: &Session| {
+            session.set_blocking(true);
+            session.set_timeout(millis(self.opts.connect_timeout));
+            // A 16 MiB receive window instead of libssh2's 2 MiB lets big outputs stream
+            // without stalling on window adjustments (75 against 50 MiB/s on loopback).
+            session.channel_open("session", 16 << 20, 32_768, None)
+        };
+        let channel = match open_channel(&conn.session) {
+            Ok(channel) => channel,
+            Err(_) => {
+                let (fresh, _) = open(&self.opts)?;
+                *conn = fresh;
+                self.connections.fetch_add(1, Ordering::Relaxed);
+                open_channel(&conn.session)
+                    .map_err(|e| self.unreachable("cannot open a channel", e))?
+            }
+        };
+        self.channels.fetch_add(1, Ordering::Relaxed);
+        Ok(channel)
+    }
+}
+
+/// Makes one connection as `opts` say: through the jump hosts, host keys checked, logged
+/// in. Returns it and the target's description.
+fn open(opts: &SshOptions) -> Result<(Conn, String), TransportError> {
+    let route = config::resolve(opts)?;
+    let known_path =
+        match &opts.known_hosts {
+            Some(p) => expand_tilde(p),
+            None => home().map(|h| h.join(".ssh/known_hosts")).ok_or_else(|| {
+                TransportError::Config {
+                    target: opts.host.clone(),
+                    reason: "no known_hosts file given and HOME is unset".into(),
+                }
+            })?,
+        };
+    let mut known = KnownHosts::load(&known_path).map_err(|e| TransportError::Config {
+        target: opts.host.clone(),
+        reason: format!("cannot read {}: {e}", known_path.display()),
+    })?;
+    let agent = opts.agent_socket.clone().or_else(|| {
+        std::env::var_os("SSH_AUTH_SOCK")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    });
+    let files_for = |hop: &Hop| -> Vec<PathBuf> {
+        if hop.identity_files.is_empty() {
+            default_identity_files()
+        } else {
+            hop.identity_files.clone()
+        }
+    };
+    let timeout = opts.connect_timeout;
+    let first = route.jumps.first().unwrap_or(&route.target);
+    let mut socket = Socket::connect(first, timeout)?;
+    let mut tunnels = Vec::new();
+    for (i, hop) in route.jumps.iter().enumerate() {
+        // A jump host is logged into like any host; the target's key file comes last,
+        // since the same key often opens both.
+        let mut files = files_for(hop);
+        files.extend(opts.identity_file.iter().map(|f| expand_tilde(f)));
+        let keys = Keys {
+            explicit: None,
+            agent: agent.clone(),
+            files,
+        };
+        let waiter = socket.try_clone().map_err(|e| TransportError::Io {
+            target: hop.address(),
+            source: e,
+        })?;
+        let jump = session::establish(
+            socket,
+            hop,
+            &mut known,
+            opts.host_key_policy,
+            &keys,
+            timeout,
+        )?;
+        let next = route.jumps.get(i + 1).unwrap_or(&route.target);
+        let (next_socket, tunnel) =
+            jump::open(jump, waiter, hop, next, keepalive_or_default(opts))?;
+        tunnels.push(tunnel);
+        socket = next_socket;
+    }
+    let target = &route.target;
+    let keys = Keys {
+        explicit: opts.identity_file.as_deref().map(expand_tilde),
+        agent,
+        files: files_for(target),
+    };
+    let waiter = socket.try_clone().map_err(|e| TransportError::Io {
+        target: target.address(),
+        source: e,
+    })?;
+    let session = session::establish(
+        socket,
+        target,
+        &mut known,
+        opts.host_key_policy,
+        &keys,
+        timeout,
+    )?;
+    if !opts.keepalive_interval.is_zero() {
+        let secs = opts.keepalive_interval.as_secs().clamp(1, u32::MAX as u64) as u32;
+        session.set_keepalive(true, secs);
+    }
+    let conn = Conn {
+        session,
+        socket: waiter,
+        _tunnels: tunnels,
+    };
+    Ok((conn, target.describe()))
 }
 
 impl Transport for SshTransport {
@@ -264,16 +311,9 @@ impl Transport for SshTransport {
         stdin: &[u8],
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
-        let conn = self.lock();
+        let mut conn = self.lock();
+        let mut channel = self.channel(&mut conn)?;
         let session = &conn.session;
-        session.set_blocking(true);
-        session.set_timeout(millis(self.connect_timeout));
-        let mut channel = session
-            // A 16 MiB receive window instead of libssh2's 2 MiB lets big outputs stream
-            // without stalling on window adjustments (75 against 50 MiB/s on loopback).
-            .channel_open("session", 16 << 20, 32_768, None)
-            .map_err(|e| self.unreachable("cannot open a channel", e))?;
-        self.channels.fetch_add(1, Ordering::Relaxed);
         channel
             .exec(&remote_command(command, timeout))
             .map_err(|e| self.unreachable("cannot start the command", e))?;
@@ -292,7 +332,7 @@ impl Transport for SshTransport {
             session.set_timeout(1000);
             let _ = channel.close();
             drop(channel);
-            session.set_timeout(millis(self.connect_timeout));
+            session.set_timeout(millis(self.opts.connect_timeout));
         };
         let finished = match pumped {
             Ok(f) => f,
@@ -323,7 +363,7 @@ impl Transport for SshTransport {
                 self.unreachable("the command's channel failed", e)
             });
         }
-        session.set_timeout(millis(self.connect_timeout));
+        session.set_timeout(millis(self.opts.connect_timeout));
         let signal = channel.exit_signal().ok().and_then(|s| s.exit_signal);
         let status = match signal {
             Some(_) => None,
@@ -380,11 +420,6 @@ fn keepalive_or_default(opts: &SshOptions) -> Duration {
 
 /// Sends keepalives between commands (during a command, the exec loop sends them).
 fn start_keepalive(conn: &Arc<Mutex<Conn>>, interval: Duration) -> Keepalive {
-    let secs = interval.as_secs().clamp(1, u32::MAX as u64) as u32;
-    conn.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .session
-        .set_keepalive(true, secs);
     let (stop, stopped) = mpsc::channel::<()>();
     let conn = Arc::clone(conn);
     let thread = thread::Builder::new()
