@@ -4,7 +4,9 @@
 
 pub mod local;
 pub mod quote;
+pub mod ssh;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub use quote::{shell_join, shell_quote};
@@ -66,6 +68,69 @@ pub enum TransportError {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// The host presented a key that `known_hosts` does not hold, under the strict policy.
+    #[error(
+        "the host key of {target} is not known: {key_type} {fingerprint}\n\
+         hint: check the fingerprint with the host's owner (on the host: `ssh-keygen -lf` on its \
+         /etc/ssh/ssh_host_*_key.pub), then run again with --accept-new-host-keys to add it to {}",
+        known_hosts.display()
+    )]
+    UnknownHostKey {
+        /// `host:port`.
+        target: String,
+        /// The presented key's type, e.g. `ssh-ed25519`.
+        key_type: String,
+        /// `SHA256:...`, as OpenSSH prints it.
+        fingerprint: String,
+        /// The file that was searched.
+        known_hosts: PathBuf,
+    },
+    /// The host presented a key other than the one `known_hosts` holds: always refused.
+    #[error(
+        "the host key of {} has changed: it presents {} {}, but {}:{} holds a different {} \
+         key; refusing to connect (someone may be intercepting the connection)\n\
+         hint: if the host was reinstalled and the change is expected, remove the old key with \
+         `ssh-keygen -f {} -R '{}'` and run again with --accept-new-host-keys",
+        .0.target, .0.key_type, .0.fingerprint, .0.known_hosts.display(), .0.line,
+        .0.known_type, .0.known_hosts.display(), .0.entry
+    )]
+    ChangedHostKey(Box<ssh::known_hosts::KeyChange>),
+    /// The host presented a key marked `@revoked`.
+    #[error(
+        "the host key of {target} ({fingerprint}) is revoked at {}:{line}; refusing to connect",
+        known_hosts.display()
+    )]
+    RevokedHostKey {
+        /// `host:port`.
+        target: String,
+        /// The presented key's fingerprint.
+        fingerprint: String,
+        /// The file with the `@revoked` line.
+        known_hosts: PathBuf,
+        /// Its 1-based line.
+        line: usize,
+    },
+    /// No key was accepted for the login.
+    #[error(
+        "cannot log in to {target}: no key was accepted (tried: {})\n\
+         hint: add the public key to ~/.ssh/authorized_keys on the host, or name the private key \
+         (identity_file, IdentityFile in ~/.ssh/config) or load it into ssh-agent",
+        tried.join("; ")
+    )]
+    AuthFailed {
+        /// `user@host:port`.
+        target: String,
+        /// Each key source tried and why it failed.
+        tried: Vec<String>,
+    },
+    /// The SSH options or the ssh config file are unusable.
+    #[error("ssh settings for {target}: {reason}")]
+    Config {
+        /// The host as given.
+        target: String,
+        /// What is wrong.
+        reason: String,
     },
 }
 
