@@ -263,3 +263,24 @@ fn usage_errors_exit_1_not_2() {
     assert_eq!(run(&["--help"]).code, 0);
     assert_eq!(run(&["--version"]).code, 0);
 }
+
+#[test]
+fn unreachable_guest_is_an_error_never_a_plan() {
+    // A read that fails must never plan a create: exit 1 with the reason.
+    let r = run(&[
+        "check",
+        "--target",
+        "guest.tools",
+        "tests/fixtures/loopback.yaml",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("127.0.0.1:1"), "{}", r.stderr);
+    assert!(!r.stdout.contains("to add"), "{}", r.stdout);
+    let r = run(&["check", "--target", "nope", "tests/fixtures/loopback.yaml"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("no target `nope`") && r.stderr.contains("guest.tools"),
+        "{}",
+        r.stderr
+    );
+}

@@ -37,7 +37,7 @@ pub struct ApplyArgs {
 /// Runs `provision apply`.
 pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let inventory = prepared.loaded.inventory.clone();
+    let loaded = prepared.loaded.clone();
     let plan = read_plan(
         &args.inventory.display().to_string(),
         prepared,
@@ -59,7 +59,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         online::ApplyOptions {
             rollback: !args.no_rollback,
         },
-        &mut |target| connect(&inventory, target, &args.targets, &binary),
+        &mut |target| connect(&loaded, target, &args.targets, &binary),
         &mut |target, step| {
             let mark = if step.error.is_none() {
                 green.apply_to("done")

@@ -148,13 +148,25 @@ pub fn render_error(err: &anyhow::Error, color: bool) -> String {
     if let Some(d) = err.downcast_ref::<Diagnostic>() {
         return d.render(color);
     }
-    let mut d = Diagnostic::new(err.to_string());
+    // Library errors carry their hints after a "\nhint: " separator.
+    let split = |text: String| -> (String, Vec<String>) {
+        let mut parts = text.split("\nhint: ").map(str::to_string);
+        let head = parts.next().unwrap_or_default();
+        (head, parts.collect())
+    };
+    let (message, hints) = split(err.to_string());
+    let mut d = Diagnostic::new(message);
+    d.hints = hints;
     for cause in err.chain().skip(1) {
         if let Some(inner) = cause.downcast_ref::<Diagnostic>() {
             d.causes.push(inner.message.clone());
             d.hints.extend(inner.hints.iter().cloned());
         } else {
-            d.causes.push(cause.to_string());
+            let (text, hints) = split(cause.to_string());
+            if !d.message.contains(&text) {
+                d.causes.push(text);
+            }
+            d.hints.extend(hints);
         }
     }
     d.render(color)

@@ -63,10 +63,10 @@ pub fn read_plan(
 ) -> anyhow::Result<Plan> {
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
-    let inv = &prepared.loaded.inventory;
+    let loaded = &prepared.loaded;
     online::plan(inventory, &desired, &mut |target| {
         printer.status(&format!("reading {}", target.heading()));
-        Ok(ReadCtx::new(connect(inv, target, targets, &binary)?))
+        Ok(ReadCtx::new(connect(loaded, target, targets, &binary)?))
     })
 }
 

@@ -4,17 +4,44 @@ use std::sync::Arc;
 
 use super::targets::TargetArgs;
 use crate::diagnostic::Diagnostic;
-use crate::inventory::Inventory;
+use crate::inventory::Loaded;
+use crate::inventory::secret::resolve_local;
+use crate::render::context::guest_host;
 use crate::transport::Transport;
+use crate::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 
-/// An SSH transport to the inside of container `name`.
+/// An SSH transport to the inside of container `name`: one session for the whole run.
 pub fn guest_transport(
-    _inventory: &Inventory,
+    loaded: &Loaded,
     name: &str,
-    _args: &TargetArgs,
+    args: &TargetArgs,
 ) -> anyhow::Result<Arc<dyn Transport>> {
-    Err(Diagnostic::new(format!(
-        "cannot reach guest `{name}`: the SSH transport is not built yet"
-    ))
-    .into())
+    let ct = loaded
+        .inventory
+        .nodes
+        .values()
+        .find_map(|n| n.containers.get(name))
+        .ok_or_else(|| Diagnostic::new(format!("no container `{name}` in the inventory")))?;
+    let host = guest_host(ct).ok_or_else(|| {
+        Diagnostic::new(format!(
+            "container `{name}` has no address to reach it by SSH"
+        ))
+        .hint("set `ssh: { host: ... }` or a static `ip:` on its first interface")
+    })?;
+    let mut opts = SshOptions::new(host);
+    opts.port = Some(ct.ssh.port.value);
+    opts.user = Some(ct.ssh.user.to_string());
+    opts.identity_file = ct
+        .ssh
+        .identity_file
+        .as_ref()
+        .map(|p| resolve_local(p, &loaded.base_dir));
+    opts.proxy_jump = ct.ssh.proxy_jump.as_ref().map(|j| j.to_string());
+    opts.known_hosts = args.known_hosts.clone();
+    opts.host_key_policy = if args.accept_new_host_keys {
+        HostKeyPolicy::AcceptNew
+    } else {
+        HostKeyPolicy::Strict
+    };
+    Ok(Arc::new(SshTransport::connect(&opts)?))
 }

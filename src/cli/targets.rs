@@ -9,7 +9,7 @@ use clap::Args;
 use crate::agent::client::{AgentBinary, AgentClient};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
-use crate::inventory::Inventory;
+use crate::inventory::Loaded;
 use crate::plan::Target;
 
 /// Flags for commands that read or change targets.
@@ -68,14 +68,14 @@ pub fn select(
 
 /// Connects to a target's agent.
 pub fn connect(
-    inventory: &Inventory,
+    loaded: &Loaded,
     target: &Target,
     args: &TargetArgs,
     binary: &Arc<AgentBinary>,
 ) -> anyhow::Result<AgentClient> {
     match target {
         Target::Guest { name, .. } => {
-            let transport = crate::cli::ssh::guest_transport(inventory, name, args)?;
+            let transport = crate::cli::ssh::guest_transport(loaded, name, args)?;
             Ok(AgentClient::new(transport, binary.clone()))
         }
         Target::Container { name, .. } => Err(Diagnostic::new(format!(
