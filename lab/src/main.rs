@@ -63,6 +63,12 @@ enum Cmd {
         /// Delay in milliseconds (slow-task; before answering otherwise).
         #[arg(long)]
         delay_ms: Option<u64>,
+        /// Only calls whose parameters contain KEY=VALUE.
+        #[arg(long)]
+        param: Option<String>,
+        /// slow-task: do not hold the config lock while slow.
+        #[arg(long)]
+        no_hold_lock: bool,
     },
 }
 
@@ -111,7 +117,7 @@ fn run(cli: Cli) -> Result<i32> {
             rt.block_on(provision_lab::server::serve(lab))?;
         }
         Cmd::Pct { args } => return Ok(provision_lab::pct::main(settings(&cli.dir)?, &args)),
-        Cmd::Fault { path, kind, method, count, message, status, delay_ms } => {
+        Cmd::Fault { path, kind, method, count, message, status, delay_ms, param, no_hold_lock } => {
             let lab = settings(&cli.dir)?;
             let env = provision_lab::testkit::LabEnv::from_settings(&lab)?;
             match path.as_str() {
@@ -120,7 +126,7 @@ fn run(cli: Cli) -> Result<i32> {
                 _ => {
                     let kind: FaultKind = serde_json::from_value(serde_json::Value::String(kind.clone()))
                         .map_err(|_| Hinted { message: format!("unknown fault kind '{kind}'"), hint: "use lock-timeout, broken-pipe, task-error, slow-task, drop or error".into() })?;
-                    env.inject_fault(&FaultRule { method, path, count, kind, message, status, delay_ms })?;
+                    env.inject_fault(&FaultRule { method, path, param, count, kind, message, status, delay_ms, hold_lock: !no_hold_lock })?;
                 }
             }
         }

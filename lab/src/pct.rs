@@ -107,8 +107,9 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
                     props.remove(&k);
                 }
             }
-            if let Some(d) = &conf.main.description {
-                println!("description: {}", d.trim_end().replace('\n', "\\n"));
+            // The description first, as `#` lines, like the file.
+            for line in props.remove("description").unwrap_or_default().lines() {
+                println!("#{line}");
             }
             for (k, v) in props {
                 println!("{k}: {v}");

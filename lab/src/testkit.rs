@@ -81,7 +81,14 @@ impl LabEnv {
             message: "the lab is not up and no pve-lab binary was found".into(),
             hint: "run `scripts/lab up` first (or set PVE_LAB_BIN)".into(),
         })?;
-        let out = Command::new(&bin).arg("up").stderr(Stdio::inherit()).output().with_context(|| format!("running {} up", bin.display()))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("up").stderr(Stdio::inherit());
+        if std::env::var_os("LAB_PVE_SCHEMA").is_none() {
+            if let Some(schema) = find_schema() {
+                cmd.env("LAB_PVE_SCHEMA", schema);
+            }
+        }
+        let out = cmd.output().with_context(|| format!("running {} up", bin.display()))?;
         if !out.status.success() {
             bail!("`{} up` failed", bin.display());
         }
@@ -210,6 +217,12 @@ fn parse_exports(text: &str) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.to_string(), v.trim_matches('\'').replace("'\\''", "'")))
         .collect()
+}
+
+/// `../shared/pve-api/apidata-9.1.3.json` beside the checkout the tests run from, if present.
+pub fn find_schema() -> Option<PathBuf> {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR")?);
+    manifest.ancestors().take(3).map(|d| d.join("../shared/pve-api/apidata-9.1.3.json")).find(|p| p.is_file())
 }
 
 fn find_pve_lab() -> Option<PathBuf> {

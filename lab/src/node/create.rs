@@ -43,6 +43,10 @@ impl Node {
             return Err(ApiError::die(format!("volume '{}' does not exist", req.ostemplate)));
         }
         std::fs::create_dir_all(self.lab.conf_dir())?;
+        // `check_vmid_unused` runs before any lock, so a duplicate is refused at once.
+        if self.exists(req.vmid) {
+            return Err(ApiError::die(format!("CT {} already exists on node '{}'", req.vmid, self.lab.node)));
+        }
         let _lock = ConfigLock::acquire(&self.lab.lock_path(req.vmid), Duration::from_secs(5))?;
         if self.exists(req.vmid) {
             return Err(ApiError::die(format!(

@@ -6,15 +6,14 @@ use std::collections::BTreeMap;
 
 use sha1::{Digest, Sha1};
 
-/// One section of a config: the main one, the pending one or a snapshot.
+/// One section of a config: the main one, the pending one or a snapshot. The description
+/// (`#` lines on top of the section) is the option `description`, as in Proxmox.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Section {
     /// `key: value` options (including `lock`, `parent`, `delete` in pending).
     pub props: BTreeMap<String, String>,
     /// Raw `lxc.*` lines, in file order.
     pub lxc: Vec<(String, String)>,
-    /// Free text from `#` lines or `description:`.
-    pub description: Option<String>,
 }
 
 /// A parsed container config.
@@ -94,13 +93,13 @@ impl CtConfig {
             }
             let trimmed = line.trim_end();
             if trimmed.eq_ignore_ascii_case("[pve:pending]") {
-                conf.section(&target).description = non_empty(std::mem::take(&mut descr));
+                conf.section(&target).set_description(std::mem::take(&mut descr));
                 target = Target::Pending;
                 continue;
             }
             if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
                 if is_section_name(name) {
-                    conf.section(&target).description = non_empty(std::mem::take(&mut descr));
+                    conf.section(&target).set_description(std::mem::take(&mut descr));
                     conf.snapshots.insert(name.to_string(), Section::default());
                     target = Target::Snapshot(name.to_string());
                     continue;
@@ -140,7 +139,7 @@ impl CtConfig {
             }
             sect.props.insert(key.to_string(), value.to_string());
         }
-        conf.section(&target).description = non_empty(descr);
+        conf.section(&target).set_description(descr);
         Ok(conf)
     }
 
@@ -194,20 +193,24 @@ impl CtConfig {
     }
 }
 
-fn non_empty(s: String) -> Option<String> {
-    if s.is_empty() { None } else { Some(s) }
+impl Section {
+    fn set_description(&mut self, text: String) {
+        if !text.is_empty() {
+            self.props.insert("description".into(), text);
+        }
+    }
 }
 
 fn write_section(s: &Section) -> String {
     let mut raw = String::new();
-    if let Some(d) = &s.description {
+    if let Some(d) = s.props.get("description") {
         for line in d.lines() {
             raw.push('#');
             raw.push_str(&encode_text(line));
             raw.push('\n');
         }
     }
-    for (k, v) in &s.props {
+    for (k, v) in s.props.iter().filter(|(k, _)| *k != "description") {
         raw.push_str(&format!("{k}: {v}\n"));
     }
     for (k, v) in &s.lxc {
@@ -236,7 +239,7 @@ lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.mount.entry: /dev/nvidia0 dev/nvidia
     #[test]
     fn round_trips_a_proxmox_config() {
         let conf = CtConfig::parse(SAMPLE).unwrap();
-        assert_eq!(conf.main.description.as_deref(), Some("GPU server: llm\nsecond line\n"));
+        assert_eq!(conf.get("description"), Some("GPU server: llm\nsecond line\n"));
         assert_eq!(conf.get("memory"), Some("2048"));
         assert_eq!(conf.main.lxc.len(), 2);
         assert_eq!(conf.main.lxc[0], ("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into()));

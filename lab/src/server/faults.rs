@@ -42,6 +42,9 @@ pub struct FaultRule {
     pub method: Option<String>,
     /// Regex matched against the path below `/api2/json`.
     pub path: String,
+    /// `key=value` that the request's parameters must contain (e.g. `vmid=129` on a create).
+    #[serde(default)]
+    pub param: Option<String>,
     /// How many matching calls fail.
     #[serde(default = "one")]
     pub count: u32,
@@ -56,6 +59,14 @@ pub struct FaultRule {
     /// Delay for `slow-task`, and before answering for the others.
     #[serde(default)]
     pub delay_ms: Option<u64>,
+    /// For `slow-task`: whether the task holds the config lock while slow (default), or is
+    /// slow to start (the config's `lock` set, the flock free).
+    #[serde(default = "yes")]
+    pub hold_lock: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one() -> u32 {
@@ -113,10 +124,23 @@ impl Faults {
     }
 
     /// Consumes one use of the first rule matching this call.
-    pub fn take(&self, method: &str, path: &str, lock_dir: &std::path::Path) -> Option<(Fault, Duration)> {
+    pub fn take(
+        &self,
+        method: &str,
+        path: &str,
+        params: &serde_json::Map<String, serde_json::Value>,
+        lock_dir: &std::path::Path,
+    ) -> Option<(Fault, Duration)> {
+        let has_param = |p: &str| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            params.get(k).is_some_and(|x| crate::pve::options::to_conf_value(x) == v)
+        };
         let mut rules = self.rules.lock().expect("faults lock");
         let i = rules.iter().position(|(r, re)| {
-            r.count > 0 && r.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method)) && re.is_match(path)
+            r.count > 0
+                && r.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+                && re.is_match(path)
+                && r.param.as_deref().is_none_or(has_param)
         })?;
         let rule = {
             let (r, _) = &mut rules[i];
@@ -145,7 +169,9 @@ impl Faults {
             FaultKind::TaskError => Fault::Task(TaskFault::Error(
                 rule.message.unwrap_or_else(|| "command 'lxc-start' failed: exit code 1".into()),
             )),
-            FaultKind::SlowTask => return Some((Fault::Task(TaskFault::Slow(delay)), Duration::ZERO)),
+            FaultKind::SlowTask => {
+                return Some((Fault::Task(TaskFault::Slow(delay, rule.hold_lock)), Duration::ZERO));
+            }
         };
         Some((fault, delay))
     }

@@ -95,10 +95,11 @@ impl Params {
     /// The vmid, required and in range.
     pub fn vmid(&self) -> ApiResult<u32> {
         let v = self.int("vmid")?.ok_or_else(|| ApiError::param("vmid", "property is missing and it is not optional"))?;
-        if v < 100 {
-            return Err(ApiError::param("vmid", "value must have a minimum value of 100"));
+        // `pve-vmid` is checked before the range, so Proxmox answers with the format error.
+        if !(100..=999_999_999).contains(&v) {
+            return Err(ApiError::param("vmid", "invalid format - value does not look like a valid VM ID"));
         }
-        u32::try_from(v).map_err(|_| ApiError::param("vmid", "value must have a maximum value of 999999999"))
+        Ok(v as u32)
     }
 }
 

@@ -224,13 +224,10 @@ fn power(app: &App, ctx: &Ctx, action: &str) -> ApiResult<Reply> {
 }
 
 /// Config as JSON: typed values, `description`, `lxc` pairs and `digest`.
-fn config_json(props: &BTreeMap<String, String>, conf: &CtConfig, description: Option<&String>, lxc: &[(String, String)]) -> Value {
+fn config_json(props: &BTreeMap<String, String>, conf: &CtConfig, lxc: &[(String, String)]) -> Value {
     let mut obj = Map::new();
     for (k, v) in props {
         obj.insert(k.clone(), to_json(k, v));
-    }
-    if let Some(d) = description {
-        obj.insert("description".into(), json!(d));
     }
     if !lxc.is_empty() {
         obj.insert("lxc".into(), json!(lxc.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect::<Vec<_>>()));
@@ -245,10 +242,9 @@ fn get_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     let conf = app.node.load(vmid)?;
     if let Some(snap) = ctx.params.str("snapshot") {
         let s = conf.snapshots.get(&snap).ok_or_else(|| ApiError::die(format!("snapshot '{snap}' does not exist")))?;
-        return Ok(Reply::data(config_json(&s.props, &conf, s.description.as_ref(), &s.lxc)));
+        return Ok(Reply::data(config_json(&s.props, &conf, &s.lxc)));
     }
     let mut props = conf.main.props.clone();
-    let mut description = conf.main.description.clone();
     if !ctx.params.bool("current")?.unwrap_or(false) {
         for (k, v) in &conf.pending.props {
             if k != "delete" {
@@ -257,12 +253,9 @@ fn get_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
         }
         for k in conf.pending_delete() {
             props.remove(&k);
-            if k == "description" {
-                description = None;
-            }
         }
     }
-    Ok(Reply::data(config_json(&props, &conf, description.as_ref(), &conf.main.lxc)))
+    Ok(Reply::data(config_json(&props, &conf, &conf.main.lxc)))
 }
 
 fn put_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
@@ -304,10 +297,10 @@ fn pending(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
         }
         let mut item = json!({ "key": k });
         if let Some(v) = conf.main.props.get(k) {
-            item["value"] = to_json(k, v);
+            item["value"] = json!(v);
         }
         if let Some(v) = conf.pending.props.get(k) {
-            item["pending"] = to_json(k, v);
+            item["pending"] = json!(v);
         }
         if deletes.contains(k) {
             item["delete"] = json!(1);

@@ -20,7 +20,6 @@ use anyhow::{Context, Result};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -60,7 +59,7 @@ pub fn make_certificate(node: &str) -> Result<Certificate> {
     let names = vec![node.to_string(), "localhost".to_string(), "127.0.0.1".to_string()];
     let cert = rcgen::generate_simple_self_signed(names).context("making the certificate")?;
     let cert_der = cert.cert.der().to_vec();
-    let fingerprint = Sha256::digest(&cert_der).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":");
+    let fingerprint = crate::client::fingerprint(&cert_der);
     Ok(Certificate {
         cert_pem: cert.cert.pem(),
         key_pem: cert.signing_key.serialize_pem(),
@@ -70,15 +69,30 @@ pub fn make_certificate(node: &str) -> Result<Certificate> {
     })
 }
 
+/// The node's certificate: made at the first start (and again after `reinstall`), then kept,
+/// so `PVE_FINGERPRINT` stays valid across `down`/`up`.
+fn load_or_make_certificate(lab: &Settings) -> Result<Certificate> {
+    let dir = lab.secrets_dir();
+    let (cert_der, key_der) = (dir.join("pve-ssl.der"), dir.join("pve-ssl.key.der"));
+    if let (Ok(c), Ok(k)) = (std::fs::read(&cert_der), std::fs::read(&key_der)) {
+        let fingerprint = crate::client::fingerprint(&c);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        return Ok(Certificate { cert_pem: read("pve-ssl.pem"), key_pem: read("pve-ssl.key"), cert_der: c, key_der: k, fingerprint });
+    }
+    let cert = make_certificate(&lab.node)?;
+    std::fs::write(dir.join("pve-ssl.pem"), &cert.cert_pem)?;
+    std::fs::write(dir.join("pve-ssl.key"), &cert.key_pem)?;
+    std::fs::write(&key_der, &cert.key_der)?;
+    std::fs::write(&cert_der, &cert.cert_der)?;
+    std::fs::write(dir.join("fingerprint"), format!("{}\n", cert.fingerprint))?;
+    Ok(cert)
+}
+
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(lab: Settings) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let secrets = auth::Secrets::load(&lab)?;
-    let cert = make_certificate(&lab.node)?;
-    let sdir = lab.secrets_dir();
-    std::fs::write(sdir.join("pve-ssl.pem"), &cert.cert_pem)?;
-    std::fs::write(sdir.join("pve-ssl.key"), &cert.key_pem)?;
-    std::fs::write(sdir.join("fingerprint"), format!("{}\n", cert.fingerprint))?;
+    let cert = load_or_make_certificate(&lab)?;
     let schema = match &lab.schema {
         Some(p) => schema::Schema::load(p).map_err(|e| format!("{e:#}")),
         None => Err("../shared/pve-api not found".to_string()),

@@ -80,7 +80,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     let private = segs.first().map(String::as_str) == Some("lab");
     let mut task_fault = None;
     if !private {
-        if let Some((fault, delay)) = app.faults.take(method.as_str(), &rel, &app.node.lab.lock_dir) {
+        if let Some((fault, delay)) = app.faults.take(method.as_str(), &rel, &params.0, &app.node.lab.lock_dir) {
             tokio::time::sleep(delay).await;
             match fault {
                 Fault::Drop => return Err(Dropped),

@@ -18,8 +18,8 @@ use super::http::{Params, Reply};
 pub enum TaskFault {
     /// The task ends with `TASK ERROR: <message>` without doing its work.
     Error(String),
-    /// The task holds the guest's config lock this long before working.
-    Slow(Duration),
+    /// The task waits this long before working, holding the guest's config lock if `true`.
+    Slow(Duration, bool),
 }
 
 #[derive(Debug, Default)]
@@ -119,8 +119,8 @@ impl Tasks {
             let log = |l: &str| task.push(l);
             let res = match fault {
                 Some(TaskFault::Error(msg)) => Err(ApiError::die(msg)),
-                Some(TaskFault::Slow(d)) => {
-                    let held = lock_path.map(|p| crate::node::ConfigLock::acquire(&p, Duration::from_secs(30)));
+                Some(TaskFault::Slow(d, hold)) => {
+                    let held = lock_path.filter(|_| hold).map(|p| crate::node::ConfigLock::acquire(&p, Duration::from_secs(30)));
                     std::thread::sleep(d);
                     drop(held);
                     work(&log)
