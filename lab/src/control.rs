@@ -29,18 +29,28 @@ impl std::fmt::Display for Hinted {
 impl std::error::Error for Hinted {}
 
 fn hinted(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
-    Hinted { message: message.into(), hint: hint.into() }.into()
+    Hinted {
+        message: message.into(),
+        hint: hint.into(),
+    }
+    .into()
 }
 
 /// Refuses clearly when the lab cannot work here: not root, or LXC missing.
 pub fn preflight() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(hinted("the lab must run as root (it drives LXC, a bridge and sshd)", "run it with sudo, or as root in CI"));
+        return Err(hinted(
+            "the lab must run as root (it drives LXC, a bridge and sshd)",
+            "run it with sudo, or as root in CI",
+        ));
     }
     for tool in ["lxc-start", "lxc-attach", "ip", "ssh-keygen", "tar", "zstd"] {
         if which(tool).is_none() {
-            return Err(hinted(format!("`{tool}` is not installed"), "run scripts/lab-deps (installs lxc, iproute2, openssh, zstd and builds the template)"));
+            return Err(hinted(
+                format!("`{tool}` is not installed"),
+                "run scripts/lab-deps (installs lxc, iproute2, openssh, zstd and builds the template)",
+            ));
         }
     }
     if which("sshd").is_none() && !Path::new("/usr/sbin/sshd").exists() {
@@ -60,7 +70,9 @@ fn which(tool: &str) -> Option<PathBuf> {
 fn pid_alive(pidfile: &Path, needle: &str) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    String::from_utf8_lossy(&cmdline).contains(needle).then_some(pid)
+    String::from_utf8_lossy(&cmdline)
+        .contains(needle)
+        .then_some(pid)
 }
 
 fn server_pidfile(lab: &Settings) -> PathBuf {
@@ -92,23 +104,37 @@ fn cached_template(lab: &Settings) -> Result<PathBuf> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("debian-12-lab_") && n.ends_with(".tar.zst")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("debian-12-lab_") && n.ends_with(".tar.zst"))
+        })
         .collect();
     found.sort();
-    found.pop().ok_or_else(|| hinted(format!("no cached Debian template in {}", lab.cache_dir.display()), "run scripts/lab-deps (about 2 minutes the first time)"))
+    found.pop().ok_or_else(|| {
+        hinted(
+            format!("no cached Debian template in {}", lab.cache_dir.display()),
+            "run scripts/lab-deps (about 2 minutes the first time)",
+        )
+    })
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
 
 fn ensure_key(path: &Path, comment: &str) -> Result<()> {
     if !path.exists() {
-        run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"]).arg(path))?;
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+            .arg(path))?;
     }
     Ok(())
 }
@@ -119,7 +145,9 @@ fn ensure_bridge(lab: &Settings) -> Result<()> {
         run(Command::new("ip").args(["link", "add", br, "type", "bridge"]))?;
         std::fs::write(lab.run_dir().join("bridge-created"), br)?;
     }
-    let addrs = Command::new("ip").args(["-4", "-o", "addr", "show", "dev", br]).output()?;
+    let addrs = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", br])
+        .output()?;
     if !String::from_utf8_lossy(&addrs.stdout).contains(&format!(" {} ", lab.bridge_cidr)) {
         run(Command::new("ip").args(["addr", "add", &lab.bridge_cidr, "dev", br]))?;
     }
@@ -134,13 +162,20 @@ fn install_bin(lab: &Settings, exe: &Path) -> Result<PathBuf> {
     let bin = lab.bin_dir();
     std::fs::create_dir_all(&bin)?;
     let dest = bin.join("pve-lab");
-    let same = std::fs::read(exe).ok().zip(std::fs::read(&dest).ok()).is_some_and(|(a, b)| a == b);
+    let same = std::fs::read(exe)
+        .ok()
+        .zip(std::fs::read(&dest).ok())
+        .is_some_and(|(a, b)| a == b);
     if !same {
         let tmp = bin.join(".pve-lab.tmp");
         std::fs::copy(exe, &tmp).with_context(|| format!("copying {}", exe.display()))?;
         std::fs::rename(&tmp, &dest)?;
     }
-    let pct = format!("#!/bin/sh\n# pct of the provision lab: same configs and locks as its API.\nexec {} --dir {} pct \"$@\"\n", dest.display(), lab.dir.display());
+    let pct = format!(
+        "#!/bin/sh\n# pct of the provision lab: same configs and locks as its API.\nexec {} --dir {} pct \"$@\"\n",
+        dest.display(),
+        lab.dir.display()
+    );
     let pct_path = bin.join("pct");
     std::fs::write(&pct_path, pct)?;
     use std::os::unix::fs::PermissionsExt;
@@ -182,7 +217,8 @@ fn start_server(lab: &Settings, bin: &Path) -> Result<()> {
             return Ok(());
         }
         if pid_alive(&server_pidfile(lab), "pve-lab").is_none() || Instant::now() > deadline {
-            let log = std::fs::read_to_string(lab.run_dir().join("pve-lab.log")).unwrap_or_default();
+            let log =
+                std::fs::read_to_string(lab.run_dir().join("pve-lab.log")).unwrap_or_default();
             bail!("the API server did not come up:\n{}", log.trim());
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -213,11 +249,18 @@ fn start_sshd(lab: &Settings) -> Result<()> {
     // sshd wants its privilege separation directory.
     std::fs::create_dir_all("/run/sshd")?;
     let sshd = which("sshd").unwrap_or_else(|| PathBuf::from("/usr/sbin/sshd"));
-    run(Command::new(sshd).arg("-f").arg(ssh.join("sshd_config")).arg("-E").arg(lab.run_dir().join("sshd.log")))?;
+    run(Command::new(sshd)
+        .arg("-f")
+        .arg(ssh.join("sshd_config"))
+        .arg("-E")
+        .arg(lab.run_dir().join("sshd.log")))?;
     let deadline = Instant::now() + Duration::from_secs(5);
     while std::net::TcpStream::connect(("127.0.0.1", lab.ssh_port)).is_err() {
         if Instant::now() > deadline {
-            bail!("the node sshd did not come up; see {}", lab.run_dir().join("sshd.log").display());
+            bail!(
+                "the node sshd did not come up; see {}",
+                lab.run_dir().join("sshd.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -245,7 +288,10 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_SHARED_DIR", lab.shared_dir.display().to_string()),
         v("LAB_BRIDGE_CIDR", lab.bridge_cidr.clone()),
         v("LAB_BRIDGE", lab.bridge.clone()),
-        v("LAB_MIRROR_URL", format!("http://{}:{}/", lab.bridge_ip(), lab.mirror_port)),
+        v(
+            "LAB_MIRROR_URL",
+            format!("http://{}:{}/", lab.bridge_ip(), lab.mirror_port),
+        ),
         v("LAB_MIRROR_DIR", lab.mirror_dir.display().to_string()),
         v("LAB_PVE_ROOT", lab.pve_root().display().to_string()),
         v("LAB_TEMPLATE", template),
@@ -256,7 +302,9 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
 
 /// Formats exports for `eval`.
 pub fn render_exports(vars: &[(String, String)]) -> String {
-    vars.iter().map(|(k, v)| format!("export {k}='{}'\n", v.replace('\'', "'\\''"))).collect()
+    vars.iter()
+        .map(|(k, v)| format!("export {k}='{}'\n", v.replace('\'', "'\\''")))
+        .collect()
 }
 
 /// Brings the lab up (idempotent) and returns its exports.
@@ -264,7 +312,15 @@ pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
     preflight()?;
     let lab = settings()?;
     let template = cached_template(&lab)?;
-    for d in [lab.conf_dir(), lab.lxc_path(), lab.template_dir(), lab.run_dir(), lab.secrets_dir(), lab.shared_dir.clone(), lab.mirror_dir.clone()] {
+    for d in [
+        lab.conf_dir(),
+        lab.lxc_path(),
+        lab.template_dir(),
+        lab.run_dir(),
+        lab.secrets_dir(),
+        lab.shared_dir.clone(),
+        lab.mirror_dir.clone(),
+    ] {
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -273,17 +329,23 @@ pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
     if std::fs::symlink_metadata(&link).is_err() {
         std::os::unix::fs::symlink(format!("nodes/{}/lxc", lab.node), &link)?;
     }
-    let in_storage = lab.template_dir().join(template.file_name().expect("file name"));
-    if !in_storage.exists() {
-        if std::fs::hard_link(&template, &in_storage).is_err() {
-            std::fs::copy(&template, &in_storage)?;
-        }
+    let in_storage = lab
+        .template_dir()
+        .join(template.file_name().expect("file name"));
+    if !in_storage.exists() && std::fs::hard_link(&template, &in_storage).is_err() {
+        std::fs::copy(&template, &in_storage)?;
     }
     lab.save()?;
     Secrets::load_or_create(&lab)?;
     ensure_key(&lab.node_key(), "lab-node-login")?;
-    ensure_key(&lab.secrets_dir().join("ssh_host_ed25519_key"), "lab-node-host")?;
-    std::fs::copy(lab.node_key().with_extension("pub"), lab.secrets_dir().join("authorized_keys"))?;
+    ensure_key(
+        &lab.secrets_dir().join("ssh_host_ed25519_key"),
+        "lab-node-host",
+    )?;
+    std::fs::copy(
+        lab.node_key().with_extension("pub"),
+        lab.secrets_dir().join("authorized_keys"),
+    )?;
     ensure_bridge(&lab)?;
     let bin = install_bin(&lab, exe)?;
     start_server(&lab, &bin)?;
@@ -299,7 +361,9 @@ fn kill_pidfile(pidfile: &Path, needle: &str) {
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-            if std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+            if std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -322,17 +386,23 @@ pub fn down(lab: &Settings) -> Result<()> {
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
     for name in &names {
-        if let Ok(vmid) = name.parse::<u32>() {
-            if node.is_running(vmid) {
-                let _ = Command::new("lxc-stop").arg("-P").arg(lab.lxc_path()).args(["-n", name, "--kill"]).output();
-            }
+        if let Ok(vmid) = name.parse::<u32>()
+            && node.is_running(vmid)
+        {
+            let _ = Command::new("lxc-stop")
+                .arg("-P")
+                .arg(lab.lxc_path())
+                .args(["-n", name, "--kill"])
+                .output();
         }
     }
     kill_pidfile(&server_pidfile(lab), "pve-lab");
     kill_pidfile(&sshd_pidfile(lab), "sshd");
     let marker = lab.run_dir().join("bridge-created");
     if marker.exists() || Path::new("/sys/class/net").join(&lab.bridge).exists() {
-        let _ = Command::new("ip").args(["link", "del", &lab.bridge]).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &lab.bridge])
+            .output();
         let _ = std::fs::remove_file(marker);
     }
     Ok(())
@@ -344,7 +414,10 @@ pub fn reinstall(exe: &Path) -> Result<Vec<(String, String)>> {
     let lab = settings()?;
     down(&lab)?;
     if crate::node::has_mounts_below(&lab.dir) {
-        bail!("refusing to wipe {}: something is mounted below it", lab.dir.display());
+        bail!(
+            "refusing to wipe {}: something is mounted below it",
+            lab.dir.display()
+        );
     }
     let keep_secrets = ["secrets.json", "id_ed25519", "id_ed25519.pub"];
     for entry in std::fs::read_dir(&lab.dir).into_iter().flatten().flatten() {
@@ -376,12 +449,24 @@ pub fn status(lab: &Settings) -> String {
         "lab dir: {}\napi server: {}\nnode sshd: {}\nbridge {}: {}\n",
         lab.dir.display(),
         if is_up(lab) { "running" } else { "stopped" },
-        if pid_alive(&sshd_pidfile(lab), "sshd").is_some() { "running" } else { "stopped" },
+        if pid_alive(&sshd_pidfile(lab), "sshd").is_some() {
+            "running"
+        } else {
+            "stopped"
+        },
         lab.bridge,
-        if Path::new("/sys/class/net").join(&lab.bridge).exists() { "present" } else { "absent" },
+        if Path::new("/sys/class/net").join(&lab.bridge).exists() {
+            "present"
+        } else {
+            "absent"
+        },
     );
     for vmid in node.list() {
-        let state = if node.is_running(vmid) { "running" } else { "stopped" };
+        let state = if node.is_running(vmid) {
+            "running"
+        } else {
+            "stopped"
+        };
         out.push_str(&format!("CT {vmid}: {state}\n"));
     }
     out

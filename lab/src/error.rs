@@ -21,7 +21,11 @@ impl ApiError {
     /// An error with a status and message.
     pub fn new(status: u16, message: impl Into<String>) -> Self {
         let message = message.into();
-        ApiError { status, message: message.trim_end().to_string(), errors: BTreeMap::new() }
+        ApiError {
+            status,
+            message: message.trim_end().to_string(),
+            errors: BTreeMap::new(),
+        }
     }
 
     /// What `die "...\n"` in a Proxmox API method becomes: a 500.
@@ -31,7 +35,11 @@ impl ApiError {
 
     /// 400 `Parameter verification failed.` with the given parameter errors.
     pub fn params(errors: BTreeMap<String, String>) -> Self {
-        ApiError { status: 400, message: "Parameter verification failed.".into(), errors }
+        ApiError {
+            status: 400,
+            message: "Parameter verification failed.".into(),
+            errors,
+        }
     }
 
     /// 400 for one parameter.

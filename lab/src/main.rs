@@ -11,7 +11,11 @@ use provision_lab::paths::Settings;
 use provision_lab::server::faults::{FaultKind, FaultRule};
 
 #[derive(Parser)]
-#[command(name = "pve-lab", version, about = "A Proxmox VE node simulator whose containers are real LXC containers")]
+#[command(
+    name = "pve-lab",
+    version,
+    about = "A Proxmox VE node simulator whose containers are real LXC containers"
+)]
 struct Cli {
     /// State directory (default: LAB_DIR or /var/lib/provision-lab).
     #[arg(long, global = true)]
@@ -107,26 +111,59 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Env => {
             let lab = settings(&cli.dir)?;
             if !control::is_up(&lab) {
-                return Err(Hinted { message: "the lab is not up".into(), hint: "run scripts/lab up".into() }.into());
+                return Err(Hinted {
+                    message: "the lab is not up".into(),
+                    hint: "run scripts/lab up".into(),
+                }
+                .into());
             }
             print!("{}", control::render_exports(&control::exports(&lab)?));
         }
         Cmd::Serve => {
             let lab = settings(&cli.dir)?;
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(64).build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .max_blocking_threads(64)
+                .build()?;
             rt.block_on(provision_lab::server::serve(lab))?;
         }
         Cmd::Pct { args } => return Ok(provision_lab::pct::main(settings(&cli.dir)?, &args)),
-        Cmd::Fault { path, kind, method, count, message, status, delay_ms, param, no_hold_lock } => {
+        Cmd::Fault {
+            path,
+            kind,
+            method,
+            count,
+            message,
+            status,
+            delay_ms,
+            param,
+            no_hold_lock,
+        } => {
             let lab = settings(&cli.dir)?;
             let env = provision_lab::testkit::LabEnv::from_settings(&lab)?;
             match path.as_str() {
                 "clear" => env.clear_faults()?,
                 "list" => println!("{}", serde_json::to_string_pretty(&env.faults()?)?),
                 _ => {
-                    let kind: FaultKind = serde_json::from_value(serde_json::Value::String(kind.clone()))
-                        .map_err(|_| Hinted { message: format!("unknown fault kind '{kind}'"), hint: "use lock-timeout, broken-pipe, task-error, slow-task, drop or error".into() })?;
-                    env.inject_fault(&FaultRule { method, path, param, count, kind, message, status, delay_ms, hold_lock: !no_hold_lock })?;
+                    let kind: FaultKind = serde_json::from_value(serde_json::Value::String(
+                        kind.clone(),
+                    ))
+                    .map_err(|_| Hinted {
+                        message: format!("unknown fault kind '{kind}'"),
+                        hint: "use lock-timeout, broken-pipe, task-error, slow-task, drop or error"
+                            .into(),
+                    })?;
+                    env.inject_fault(&FaultRule {
+                        method,
+                        path,
+                        param,
+                        count,
+                        kind,
+                        message,
+                        status,
+                        delay_ms,
+                        hold_lock: !no_hold_lock,
+                    })?;
                 }
             }
         }

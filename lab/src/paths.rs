@@ -44,19 +44,25 @@ pub struct Settings {
 }
 
 fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
 }
 
 fn env_port(name: &str, default: u16) -> Result<u16> {
     let v = env_or(name, &default.to_string());
-    v.parse().with_context(|| format!("{name}={v} is not a port number"))
+    v.parse()
+        .with_context(|| format!("{name}={v} is not a port number"))
 }
 
 impl Settings {
     /// Settings from the environment (`LAB_DIR`, `LAB_BRIDGE`, `LAB_BRIDGE_CIDR`, ...).
     pub fn from_env() -> Result<Settings> {
         let dir = PathBuf::from(env_or("LAB_DIR", DEFAULT_DIR));
-        let schema = std::env::var_os("LAB_PVE_SCHEMA").map(PathBuf::from).filter(|p| p.exists());
+        let schema = std::env::var_os("LAB_PVE_SCHEMA")
+            .map(PathBuf::from)
+            .filter(|p| p.exists());
         let s = Settings {
             node: env_or("LAB_NODE", "lab"),
             bridge: env_or("LAB_BRIDGE", "vmbr0"),
@@ -66,8 +72,14 @@ impl Settings {
             mirror_port: env_port("LAB_MIRROR_PORT", 8080)?,
             lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", "/run/lock/lxc")),
             cache_dir: PathBuf::from(env_or("LAB_CACHE_DIR", DEFAULT_CACHE)),
-            shared_dir: PathBuf::from(env_or("LAB_SHARED_DIR", &dir.join("shared").to_string_lossy())),
-            mirror_dir: PathBuf::from(env_or("LAB_MIRROR_DIR", &dir.join("mirror").to_string_lossy())),
+            shared_dir: PathBuf::from(env_or(
+                "LAB_SHARED_DIR",
+                &dir.join("shared").to_string_lossy(),
+            )),
+            mirror_dir: PathBuf::from(env_or(
+                "LAB_MIRROR_DIR",
+                &dir.join("mirror").to_string_lossy(),
+            )),
             schema,
             dir,
         };
@@ -96,16 +108,27 @@ impl Settings {
         let Some((ip, len)) = self.bridge_cidr.split_once('/') else {
             bail!("LAB_BRIDGE_CIDR={} is not ADDRESS/PREFIX", self.bridge_cidr);
         };
-        let ip: Ipv4Addr = ip.parse().with_context(|| format!("bad address in {}", self.bridge_cidr))?;
-        let len: u8 = len.parse().ok().filter(|l| (8..=30).contains(l)).with_context(|| {
-            format!("prefix of LAB_BRIDGE_CIDR={} must be 8..30", self.bridge_cidr)
-        })?;
+        let ip: Ipv4Addr = ip
+            .parse()
+            .with_context(|| format!("bad address in {}", self.bridge_cidr))?;
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| (8..=30).contains(l))
+            .with_context(|| {
+                format!(
+                    "prefix of LAB_BRIDGE_CIDR={} must be 8..30",
+                    self.bridge_cidr
+                )
+            })?;
         Ok((ip, len))
     }
 
     /// The bridge address (the containers' gateway and the mirror's address).
     pub fn bridge_ip(&self) -> Ipv4Addr {
-        self.bridge_net().map(|(ip, _)| ip).unwrap_or(Ipv4Addr::new(10, 77, 0, 1))
+        self.bridge_net()
+            .map(|(ip, _)| ip)
+            .unwrap_or(Ipv4Addr::new(10, 77, 0, 1))
     }
 
     /// Node config root, the lab's `/etc/pve`.

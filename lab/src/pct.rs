@@ -11,7 +11,8 @@ use crate::node::{ConfigUpdate, Node};
 use crate::paths::Settings;
 use crate::pve::config::split_list;
 
-const USAGE: &str = "USAGE: pct <exec|push|config|set|start|stop|shutdown|status|list> <vmid> [OPTIONS]";
+const USAGE: &str =
+    "USAGE: pct <exec|push|config|set|start|stop|shutdown|status|list> <vmid> [OPTIONS]";
 
 /// Runs `pct` with its arguments; returns the exit status.
 pub fn main(lab: Settings, args: &[String]) -> i32 {
@@ -26,7 +27,9 @@ pub fn main(lab: Settings, args: &[String]) -> i32 {
 }
 
 fn vmid_arg(args: &[String], i: usize) -> ApiResult<u32> {
-    let v = args.get(i).ok_or_else(|| ApiError::new(400, format!("400 not enough arguments\n{USAGE}")))?;
+    let v = args
+        .get(i)
+        .ok_or_else(|| ApiError::new(400, format!("400 not enough arguments\n{USAGE}")))?;
     v.parse().map_err(|_| ApiError::new(400, format!("400 Parameter verification failed.\nvmid: type check ('integer') failed - got '{v}'")))
 }
 
@@ -36,11 +39,17 @@ fn options(args: &[String]) -> ApiResult<BTreeMap<String, String>> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let Some(k) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
-            return Err(ApiError::new(400, format!("400 too many arguments\n{USAGE}")));
+            return Err(ApiError::new(
+                400,
+                format!("400 too many arguments\n{USAGE}"),
+            ));
         };
         let (k, v) = match k.split_once('=') {
             Some((k, v)) => (k.to_string(), v.to_string()),
-            None => (k.to_string(), it.next().cloned().unwrap_or_else(|| "1".into())),
+            None => (
+                k.to_string(),
+                it.next().cloned().unwrap_or_else(|| "1".into()),
+            ),
         };
         out.insert(k, v);
     }
@@ -55,19 +64,33 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
     let cmd = args.first().map(String::as_str).unwrap_or("");
     match cmd {
         "list" => {
-            println!("{:<10} {:<10} {:<6} {}", "VMID", "Status", "Lock", "Name");
+            println!("{:<10} {:<10} {:<6} Name", "VMID", "Status", "Lock");
             for vmid in node.list() {
                 let conf = node.load(vmid)?;
-                let status = if node.is_running(vmid) { "running" } else { "stopped" };
+                let status = if node.is_running(vmid) {
+                    "running"
+                } else {
+                    "stopped"
+                };
                 let name = conf.get("hostname").unwrap_or("");
-                println!("{vmid:<10} {status:<10} {:<6} {name}", conf.lock().unwrap_or(""));
+                println!(
+                    "{vmid:<10} {status:<10} {:<6} {name}",
+                    conf.lock().unwrap_or("")
+                );
             }
             Ok(0)
         }
         "status" => {
             let vmid = vmid_arg(args, 1)?;
             node.load(vmid)?;
-            println!("status: {}", if node.is_running(vmid) { "running" } else { "stopped" });
+            println!(
+                "status: {}",
+                if node.is_running(vmid) {
+                    "running"
+                } else {
+                    "stopped"
+                }
+            );
             Ok(0)
         }
         "start" => {
@@ -88,8 +111,17 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
             if cmd == "stop" {
                 node.stop(vmid, &log).map(|_| 0)
             } else {
-                let timeout = opts.get("timeout").and_then(|t| t.parse().ok()).unwrap_or(60);
-                node.shutdown(vmid, timeout, opts.get("forceStop").is_some_and(|v| v == "1"), &log).map(|_| 0)
+                let timeout = opts
+                    .get("timeout")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(60);
+                node.shutdown(
+                    vmid,
+                    timeout,
+                    opts.get("forceStop").is_some_and(|v| v == "1"),
+                    &log,
+                )
+                .map(|_| 0)
             }
         }
         "config" => {
@@ -97,7 +129,7 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
             let opts = options(&args[2..])?;
             let conf = node.load(vmid)?;
             let mut props = conf.main.props.clone();
-            if !opts.get("current").is_some_and(|v| v == "1") {
+            if opts.get("current").is_none_or(|v| v != "1") {
                 for (k, v) in &conf.pending.props {
                     if k != "delete" {
                         props.insert(k.clone(), v.clone());
@@ -125,7 +157,12 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
             let delete = split_list(&opts.remove("delete").unwrap_or_default());
             let revert = split_list(&opts.remove("revert").unwrap_or_default());
             let digest = opts.remove("digest");
-            let upd = ConfigUpdate { set: opts, delete, revert, digest };
+            let upd = ConfigUpdate {
+                set: opts,
+                delete,
+                revert,
+                digest,
+            };
             node.update_config(vmid, &upd, &log).map(|_| 0)
         }
         "exec" => {
@@ -144,14 +181,18 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
         "push" => {
             let vmid = vmid_arg(args, 1)?;
             let (Some(src), Some(dest)) = (args.get(2), args.get(3)) else {
-                return Err(ApiError::new(400, format!("400 not enough arguments\n{USAGE}")));
+                return Err(ApiError::new(
+                    400,
+                    format!("400 not enough arguments\n{USAGE}"),
+                ));
             };
             let opts = options(&args[4..])?;
             node.load(vmid)?;
             if !node.is_running(vmid) {
                 return Err(ApiError::die(format!("CT {vmid} not running")));
             }
-            let file = std::fs::File::open(src).map_err(|e| ApiError::die(format!("unable to open file '{src}' - {e}")))?;
+            let file = std::fs::File::open(src)
+                .map_err(|e| ApiError::die(format!("unable to open file '{src}' - {e}")))?;
             let perms = opts.get("perms").cloned().unwrap_or_else(|| "0644".into());
             let owner = match (opts.get("user"), opts.get("group")) {
                 (Some(u), Some(g)) => format!("{u}:{g}"),
@@ -165,16 +206,27 @@ fn dispatch(node: &Node, args: &[String]) -> ApiResult<i32> {
                 .stdin(Stdio::from(file))
                 .status()?;
             if !status.success() {
-                return Err(ApiError::die(format!("failed to write file '{dest}' in CT {vmid}")));
+                return Err(ApiError::die(format!(
+                    "failed to write file '{dest}' in CT {vmid}"
+                )));
             }
             Ok(0)
         }
-        _ => Err(ApiError::new(400, format!("unknown command 'pct {cmd}'\n{USAGE}"))),
+        _ => Err(ApiError::new(
+            400,
+            format!("unknown command 'pct {cmd}'\n{USAGE}"),
+        )),
     }
 }
 
 fn attach(node: &Node, vmid: u32) -> Command {
     let mut c = Command::new("lxc-attach");
-    c.arg("-P").arg(node.lab.lxc_path()).args(["-n", &vmid.to_string(), "--clear-env", "--keep-var", "TERM"]);
+    c.arg("-P").arg(node.lab.lxc_path()).args([
+        "-n",
+        &vmid.to_string(),
+        "--clear-env",
+        "--keep-var",
+        "TERM",
+    ]);
     c
 }

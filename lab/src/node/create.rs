@@ -40,12 +40,18 @@ impl Node {
     pub fn create_prepare(&self, req: &CreateRequest) -> ApiResult<PathBuf> {
         let template = volumes::path_of(&self.lab, &req.ostemplate)?;
         if !req.ostemplate.contains(":vztmpl/") || !template.is_file() {
-            return Err(ApiError::die(format!("volume '{}' does not exist", req.ostemplate)));
+            return Err(ApiError::die(format!(
+                "volume '{}' does not exist",
+                req.ostemplate
+            )));
         }
         std::fs::create_dir_all(self.lab.conf_dir())?;
         // `check_vmid_unused` runs before any lock, so a duplicate is refused at once.
         if self.exists(req.vmid) {
-            return Err(ApiError::die(format!("CT {} already exists on node '{}'", req.vmid, self.lab.node)));
+            return Err(ApiError::die(format!(
+                "CT {} already exists on node '{}'",
+                req.vmid, self.lab.node
+            )));
         }
         let _lock = ConfigLock::acquire(&self.lab.lock_path(req.vmid), Duration::from_secs(5))?;
         if self.exists(req.vmid) {
@@ -68,7 +74,10 @@ impl Node {
         if let Err(e) = res {
             let _ = std::fs::remove_dir_all(self.lab.images_dir(vmid));
             let _ = std::fs::remove_file(self.lab.conf_path(vmid));
-            return Err(ApiError::die(format!("unable to create CT {vmid} - {}", e.message)));
+            return Err(ApiError::die(format!(
+                "unable to create CT {vmid} - {}",
+                e.message
+            )));
         }
         Ok(())
     }
@@ -76,18 +85,26 @@ impl Node {
     fn create_inner(&self, req: &CreateRequest, template: &Path, log: Log<'_>) -> ApiResult<()> {
         let vmid = req.vmid;
         let mut opts = req.options.clone();
-        let rootfs = opts.remove("rootfs").unwrap_or_else(|| format!("{}:4", req.storage));
+        let rootfs = opts
+            .remove("rootfs")
+            .unwrap_or_else(|| format!("{}:4", req.storage));
         let rootfs = self.alloc_mount(vmid, "rootfs", &rootfs)?;
         let mut conf = CtConfig::default();
         conf.main.props.insert("rootfs".into(), rootfs);
         let root = super::lxcconf::rootfs_path(&self.lab, &conf)?;
         log(&format!("extracting archive '{}'", template.display()));
         let unpacked = self.unpacked_template(template, log)?;
-        run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(unpacked.join(".")).arg(&root))?;
+        run(Command::new("cp")
+            .args(["-a", "--reflink=auto"])
+            .arg(unpacked.join("."))
+            .arg(&root))?;
         log("Total bytes written: (copied from the unpacked template)");
         // Mount points, devices and the rest go through the pending/apply path as on Proxmox.
-        let mounts: BTreeMap<String, String> =
-            opts.iter().filter(|(k, _)| indexed(k, "mp")).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mounts: BTreeMap<String, String> = opts
+            .iter()
+            .filter(|(k, _)| indexed(k, "mp"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for (k, v) in &mounts {
             opts.remove(k);
             let value = self.alloc_mount(vmid, k, v)?;
@@ -97,13 +114,18 @@ impl Node {
             }
             conf.main.props.insert(k.clone(), value);
         }
-        let upd = ConfigUpdate { set: opts, ..Default::default() };
+        let upd = ConfigUpdate {
+            set: opts,
+            ..Default::default()
+        };
         let errors = self.update_pct_config(vmid, &mut conf, RunState::Stopped, &upd, log)?;
         if !errors.is_empty() {
             return Err(ApiError::params(errors));
         }
         let props = &mut conf.main.props;
-        props.entry("hostname".into()).or_insert_with(|| format!("CT{vmid}"));
+        props
+            .entry("hostname".into())
+            .or_insert_with(|| format!("CT{vmid}"));
         props.entry("memory".into()).or_insert_with(|| "512".into());
         props.entry("swap".into()).or_insert_with(|| "512".into());
         props.insert("arch".into(), "amd64".into());
@@ -121,11 +143,16 @@ impl Node {
     /// Host keys, authorized keys and password inside the new rootfs (`post_create_hook`).
     fn post_create(&self, root: &Path, req: &CreateRequest, log: Log<'_>) -> ApiResult<()> {
         let ssh = root.join("etc/ssh");
-        for (kind, file) in [("ed25519", "ssh_host_ed25519_key"), ("ecdsa", "ssh_host_ecdsa_key")] {
+        for (kind, file) in [
+            ("ed25519", "ssh_host_ed25519_key"),
+            ("ecdsa", "ssh_host_ecdsa_key"),
+        ] {
             let key = ssh.join(file);
             let _ = std::fs::remove_file(&key);
             let _ = std::fs::remove_file(key.with_extension("pub"));
-            run(Command::new("ssh-keygen").args(["-q", "-t", kind, "-N", "", "-C", "root@lab", "-f"]).arg(&key))?;
+            run(Command::new("ssh-keygen")
+                .args(["-q", "-t", kind, "-N", "", "-C", "root@lab", "-f"])
+                .arg(&key))?;
             log(&format!("Creating SSH host key '{file}' - done"));
         }
         if let Some(keys) = &req.ssh_public_keys {
@@ -145,7 +172,11 @@ impl Node {
                 .arg(root)
                 .stdin(std::process::Stdio::piped())
                 .spawn()?;
-            child.stdin.take().expect("piped").write_all(format!("root:{pw}\n").as_bytes())?;
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(format!("root:{pw}\n").as_bytes())?;
             if !child.wait()?.success() {
                 return Err(ApiError::die("setting the root password failed"));
             }
@@ -157,13 +188,20 @@ impl Node {
     fn unpacked_template(&self, template: &Path, log: Log<'_>) -> ApiResult<PathBuf> {
         let base = self.lab.unpacked_dir();
         std::fs::create_dir_all(&base)?;
-        let name = template.file_name().and_then(|n| n.to_str()).unwrap_or("template");
+        let name = template
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("template");
         let meta = std::fs::metadata(template)?;
-        let mtime = meta.modified()?.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mtime = meta
+            .modified()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let key = format!("{name}-{}-{mtime}", meta.len());
         let dir = base.join(&key);
         let done = base.join(format!("{key}.done"));
-        let _guard = ConfigLock::acquire(&base.join(format!("{key}.lock")), Duration::from_secs(600))?;
+        let _guard =
+            ConfigLock::acquire(&base.join(format!("{key}.lock")), Duration::from_secs(600))?;
         if done.exists() {
             return Ok(dir);
         }

@@ -13,10 +13,14 @@ impl Node {
         let conf = self.load(vmid)?;
         Node::check_lock(&conf)?;
         if conf.get("protection") == Some("1") {
-            return Err(ApiError::die(format!("can't remove CT {vmid} - protection mode enabled")));
+            return Err(ApiError::die(format!(
+                "can't remove CT {vmid} - protection mode enabled"
+            )));
         }
         if self.is_running(vmid) {
-            return Err(ApiError::die(format!("unable to destroy CT {vmid} - container is running")));
+            return Err(ApiError::die(format!(
+                "unable to destroy CT {vmid} - container is running"
+            )));
         }
         Ok(())
     }
@@ -31,7 +35,9 @@ impl Node {
                 continue;
             }
             let volume = match propstr::format_of(key) {
-                Some(fmt) => propstr::parse(&fmt, value).ok().and_then(|m| m.get("volume").cloned()),
+                Some(fmt) => propstr::parse(&fmt, value)
+                    .ok()
+                    .and_then(|m| m.get("volume").cloned()),
                 None => Some(value.clone()),
             };
             let Some(volume) = volume else { continue };
@@ -43,7 +49,9 @@ impl Node {
         let images = self.lab.images_dir(vmid);
         if images.exists() {
             if has_mounts_below(&images) {
-                return Err(ApiError::die(format!("unable to destroy CT {vmid} - volumes still mounted")));
+                return Err(ApiError::die(format!(
+                    "unable to destroy CT {vmid} - volumes still mounted"
+                )));
             }
             std::fs::remove_dir_all(&images)?;
         }

@@ -17,8 +17,17 @@ use super::lxcconf::cgroup_key;
 use super::update::{normalise_net, remove_pending_delete};
 use super::{Log, Node, run};
 
-const FASTPLUG: &[&str] =
-    &["description", "onboot", "startup", "protection", "hostname", "hookscript", "cores", "tags", "lock"];
+const FASTPLUG: &[&str] = &[
+    "description",
+    "onboot",
+    "startup",
+    "protection",
+    "hostname",
+    "hookscript",
+    "cores",
+    "tags",
+    "lock",
+];
 
 /// Marks an option Proxmox leaves pending while the container runs.
 const SKIP: &str = "skip";
@@ -32,8 +41,13 @@ impl Node {
         errors: &mut BTreeMap<String, String>,
         log: Log<'_>,
     ) {
-        let fast: Vec<String> =
-            conf.pending.props.keys().filter(|k| FASTPLUG.contains(&k.as_str())).cloned().collect();
+        let fast: Vec<String> = conf
+            .pending
+            .props
+            .keys()
+            .filter(|k| FASTPLUG.contains(&k.as_str()))
+            .cloned()
+            .collect();
         for k in fast {
             let v = conf.pending.props.remove(&k).expect("key just listed");
             conf.main.props.insert(k, v);
@@ -49,7 +63,8 @@ impl Node {
                 self.cgroup_set(vmid, "cpu.shares", "1024")
             } else if indexed(&opt, "net") {
                 let n = &opt[3..];
-                run(Command::new("ip").args(["link", "del", &format!("veth{vmid}i{n}")])).map(|_| ())
+                run(Command::new("ip").args(["link", "del", &format!("veth{vmid}i{n}")]))
+                    .map(|_| ())
             } else {
                 Err(ApiError::die(SKIP))
             };
@@ -60,7 +75,10 @@ impl Node {
                 }
                 Err(e) if e.message == SKIP => {}
                 Err(e) => {
-                    errors.insert(opt.clone(), format!("unable to hotplug {opt}: {}", e.message));
+                    errors.insert(
+                        opt.clone(),
+                        format!("unable to hotplug {opt}: {}", e.message),
+                    );
                 }
             }
         }
@@ -75,22 +93,40 @@ impl Node {
         for (opt, value) in pending {
             let res: ApiResult<String> = if opt == "cpulimit" {
                 let quota = (value.parse::<f64>().unwrap_or(0.0) * 100000.0) as i64;
-                self.cgroup_set(vmid, "cpu.cfs_quota_us", &quota.to_string()).map(|_| value.clone())
+                self.cgroup_set(vmid, "cpu.cfs_quota_us", &quota.to_string())
+                    .map(|_| value.clone())
             } else if opt == "cpuunits" {
-                self.cgroup_set(vmid, "cpu.shares", &value).map(|_| value.clone())
+                self.cgroup_set(vmid, "cpu.shares", &value)
+                    .map(|_| value.clone())
             } else if opt == "memory" || opt == "swap" {
                 if !memory_done {
                     memory_done = true;
-                    let mem = conf.pending.props.get("memory").or(conf.main.props.get("memory"));
-                    let swap = conf.pending.props.get("swap").or(conf.main.props.get("swap"));
+                    let mem = conf
+                        .pending
+                        .props
+                        .get("memory")
+                        .or(conf.main.props.get("memory"));
+                    let swap = conf
+                        .pending
+                        .props
+                        .get("swap")
+                        .or(conf.main.props.get("swap"));
                     let (mem, swap) = (mem.cloned(), swap.cloned());
-                    self.set_memory(vmid, mem.as_deref(), swap.as_deref()).map(|_| value.clone())
+                    self.set_memory(vmid, mem.as_deref(), swap.as_deref())
+                        .map(|_| value.clone())
                 } else {
                     Ok(value.clone())
                 }
             } else if indexed(&opt, "net") {
                 normalise_net(&value).and_then(|v| {
-                    self.hotplug_net(vmid, pid, &opt, conf.main.props.get(&opt).map(String::as_str), &v, log)?;
+                    self.hotplug_net(
+                        vmid,
+                        pid,
+                        &opt,
+                        conf.main.props.get(&opt).map(String::as_str),
+                        &v,
+                        log,
+                    )?;
                     Ok(v)
                 })
             } else if indexed(&opt, "dev") && !conf.main.props.contains_key(&opt) {
@@ -105,7 +141,10 @@ impl Node {
                 }
                 Err(e) if e.message == SKIP => {}
                 Err(e) => {
-                    errors.insert(opt.clone(), format!("unable to hotplug {opt}: {}", e.message));
+                    errors.insert(
+                        opt.clone(),
+                        format!("unable to hotplug {opt}: {}", e.message),
+                    );
                 }
             }
         }
@@ -125,14 +164,23 @@ impl Node {
         let swap = mib(swap, 512) << 20;
         if cgroup_key("memory") == "lxc.cgroup" {
             // memsw (memory + swap) must stay >= the memory limit, so order the writes.
-            let memsw = format!("/sys/fs/cgroup/memory/lxc.payload.{vmid}/memory.memsw.limit_in_bytes");
+            let memsw =
+                format!("/sys/fs/cgroup/memory/lxc.payload.{vmid}/memory.memsw.limit_in_bytes");
             let has_memsw = std::path::Path::new(&memsw).exists();
             if has_memsw {
-                let _ = self.cgroup_set(vmid, "memory.memsw.limit_in_bytes", &(mem + swap).max(mem).to_string());
+                let _ = self.cgroup_set(
+                    vmid,
+                    "memory.memsw.limit_in_bytes",
+                    &(mem + swap).max(mem).to_string(),
+                );
             }
             self.cgroup_set(vmid, "memory.limit_in_bytes", &mem.to_string())?;
             if has_memsw {
-                self.cgroup_set(vmid, "memory.memsw.limit_in_bytes", &(mem + swap).to_string())?;
+                self.cgroup_set(
+                    vmid,
+                    "memory.memsw.limit_in_bytes",
+                    &(mem + swap).to_string(),
+                )?;
             }
             Ok(())
         } else {
@@ -144,7 +192,9 @@ impl Node {
 
     fn hotplug_dev(&self, vmid: u32, value: &str) -> ApiResult<()> {
         let dev = propstr::parse(&propstr::DEV, value).map_err(ApiError::die)?;
-        let path = dev.get("path").ok_or_else(|| ApiError::die("Path is not defined"))?;
+        let path = dev
+            .get("path")
+            .ok_or_else(|| ApiError::die("Path is not defined"))?;
         run(Command::new("lxc-device")
             .arg("-P")
             .arg(self.lab.lxc_path())
@@ -153,24 +203,44 @@ impl Node {
     }
 
     /// Replaces or adds a veth interface inside the running container (`PVE::LXC::update_net`).
-    fn hotplug_net(&self, vmid: u32, pid: u32, opt: &str, old: Option<&str>, new: &str, log: Log<'_>) -> ApiResult<()> {
+    fn hotplug_net(
+        &self,
+        vmid: u32,
+        pid: u32,
+        opt: &str,
+        old: Option<&str>,
+        new: &str,
+        log: Log<'_>,
+    ) -> ApiResult<()> {
         let n = &opt[3..];
         let net = propstr::parse(&propstr::NET, new).map_err(ApiError::die)?;
         let host_if = format!("veth{vmid}i{n}");
         let name = &net["name"];
-        let bridge = net.get("bridge").cloned().unwrap_or_else(|| self.lab.bridge.clone());
+        let bridge = net
+            .get("bridge")
+            .cloned()
+            .unwrap_or_else(|| self.lab.bridge.clone());
         let ns = |args: &[&str]| -> ApiResult<String> {
-            run(Command::new("nsenter").args(["-t", &pid.to_string(), "-n", "--", "ip"]).args(args))
+            run(Command::new("nsenter")
+                .args(["-t", &pid.to_string(), "-n", "--", "ip"])
+                .args(args))
         };
-        let old = old.map(|o| propstr::parse(&propstr::NET, o)).transpose().map_err(ApiError::die)?;
-        let same_link = old.as_ref().is_some_and(|o| o.get("name") == Some(name) && o.get("hwaddr") == net.get("hwaddr"));
+        let old = old
+            .map(|o| propstr::parse(&propstr::NET, o))
+            .transpose()
+            .map_err(ApiError::die)?;
+        let same_link = old
+            .as_ref()
+            .is_some_and(|o| o.get("name") == Some(name) && o.get("hwaddr") == net.get("hwaddr"));
         if !same_link {
             if old.is_some() {
                 log(&format!("replacing interface {host_if}"));
                 let _ = run(Command::new("ip").args(["link", "del", &host_if]));
             }
             let peer = format!("veth{vmid}i{n}p");
-            run(Command::new("ip").args(["link", "add", &host_if, "type", "veth", "peer", "name", &peer]))?;
+            run(Command::new("ip").args([
+                "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
+            ]))?;
             run(Command::new("ip").args(["link", "set", &peer, "netns", &pid.to_string()]))?;
             ns(&["link", "set", &peer, "name", name])?;
             if let Some(hw) = net.get("hwaddr") {

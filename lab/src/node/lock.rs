@@ -21,9 +21,16 @@ impl ConfigLock {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
-            ApiError::die(format!("can't lock file '{}' - can't open file - {e}", path.display()))
-        })?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| {
+                ApiError::die(format!(
+                    "can't lock file '{}' - can't open file - {e}",
+                    path.display()
+                ))
+            })?;
         let deadline = Instant::now() + timeout;
         loop {
             // SAFETY: flock on a descriptor this function owns.

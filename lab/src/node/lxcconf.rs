@@ -36,7 +36,9 @@ pub fn cgroup_key(controller: &str) -> &'static str {
 
 /// Host path of a container's root filesystem.
 pub fn rootfs_path(lab: &Settings, conf: &CtConfig) -> ApiResult<PathBuf> {
-    let rootfs = conf.get("rootfs").ok_or_else(|| ApiError::die("rootfs not defined"))?;
+    let rootfs = conf
+        .get("rootfs")
+        .ok_or_else(|| ApiError::die("rootfs not defined"))?;
     let mp = propstr::parse(&propstr::ROOTFS, rootfs).map_err(ApiError::die)?;
     volumes::path_of(lab, &mp["volume"])
 }
@@ -44,7 +46,9 @@ pub fn rootfs_path(lab: &Settings, conf: &CtConfig) -> ApiResult<PathBuf> {
 /// Renders `<lxcpath>/<vmid>/config`.
 pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
     let unprivileged = conf.get("unprivileged") == Some("1");
-    let hostname = conf.get("hostname").map_or(format!("CT{vmid}"), str::to_string);
+    let hostname = conf
+        .get("hostname")
+        .map_or(format!("CT{vmid}"), str::to_string);
     let mut c = String::new();
     let mut line = |k: &str, v: &str| {
         let _ = writeln!(c, "{k} = {v}");
@@ -73,7 +77,10 @@ pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
     if unprivileged {
         line("lxc.rootfs.options", "idmap=container");
     }
-    let mem: u64 = conf.get("memory").and_then(|m| m.parse().ok()).unwrap_or(512);
+    let mem: u64 = conf
+        .get("memory")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(512);
     let mem_prefix = cgroup_key("memory");
     if mem_prefix == "lxc.cgroup" {
         line("lxc.cgroup.memory.limit_in_bytes", &(mem << 20).to_string());
@@ -82,7 +89,12 @@ pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
     }
 
     let mut keys: Vec<&String> = conf.main.props.keys().collect();
-    keys.sort_by_key(|k| (k.trim_end_matches(|c: char| c.is_ascii_digit()).to_string(), index(k)));
+    keys.sort_by_key(|k| {
+        (
+            k.trim_end_matches(|c: char| c.is_ascii_digit()).to_string(),
+            index(k),
+        )
+    });
     for key in keys {
         let value = &conf.main.props[key];
         if indexed(key, "net") {
@@ -104,7 +116,9 @@ pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
 }
 
 fn index(key: &str) -> u32 {
-    key.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().unwrap_or(0)
+    key.trim_start_matches(|c: char| !c.is_ascii_digit())
+        .parse()
+        .unwrap_or(0)
 }
 
 fn net_lines(
@@ -115,11 +129,15 @@ fn net_lines(
     default_bridge: &str,
 ) -> ApiResult<()> {
     let n = index(key);
-    let net = propstr::parse(&propstr::NET, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
+    let net =
+        propstr::parse(&propstr::NET, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
     let p = format!("lxc.net.{n}");
     line(&format!("{p}.type"), "veth");
     line(&format!("{p}.veth.pair"), &format!("veth{vmid}i{n}"));
-    line(&format!("{p}.link"), net.get("bridge").map_or(default_bridge, String::as_str));
+    line(
+        &format!("{p}.link"),
+        net.get("bridge").map_or(default_bridge, String::as_str),
+    );
     if net.get("link_down").map(String::as_str) != Some("1") {
         line(&format!("{p}.flags"), "up");
     }
@@ -153,7 +171,8 @@ fn mount_lines(
     value: &str,
     unprivileged: bool,
 ) -> ApiResult<()> {
-    let mp = propstr::parse(&propstr::MP, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
+    let mp =
+        propstr::parse(&propstr::MP, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
     let volume = &mp["volume"];
     let target = mp["mp"].trim_start_matches('/');
     let kind = MountKind::of(volume);
@@ -162,7 +181,9 @@ fn mount_lines(
         MountKind::Bind | MountKind::Device => {
             let p = PathBuf::from(volume);
             if !p.exists() {
-                return Err(ApiError::die(format!("mount point '{volume}' does not exist")));
+                return Err(ApiError::die(format!(
+                    "mount point '{volume}' does not exist"
+                )));
             }
             p
         }
@@ -176,13 +197,19 @@ fn mount_lines(
     if unprivileged && kind == MountKind::Volume {
         opts.push("idmap=container");
     }
-    line("lxc.mount.entry", &format!("{} {target} none {} 0 0", source.display(), opts.join(",")));
+    line(
+        "lxc.mount.entry",
+        &format!("{} {target} none {} 0 0", source.display(), opts.join(",")),
+    );
     Ok(())
 }
 
 fn dev_lines(line: &mut impl FnMut(&str, &str), key: &str, value: &str) -> ApiResult<()> {
-    let dev = propstr::parse(&propstr::DEV, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
-    let path = dev.get("path").ok_or_else(|| ApiError::die(format!("Path is not defined for passthrough device {key}")))?;
+    let dev =
+        propstr::parse(&propstr::DEV, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
+    let path = dev.get("path").ok_or_else(|| {
+        ApiError::die(format!("Path is not defined for passthrough device {key}"))
+    })?;
     let meta = std::fs::metadata(path).map_err(|e| ApiError::die(format!("{key}: {path}: {e}")))?;
     let kind = if meta.file_type().is_char_device() {
         'c'
@@ -193,9 +220,19 @@ fn dev_lines(line: &mut impl FnMut(&str, &str), key: &str, value: &str) -> ApiRe
     };
     let rdev = meta.rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
-    let access = if dev.get("deny-write").map(String::as_str) == Some("1") { "rm" } else { "rwm" };
-    line(&format!("{}.devices.allow", cgroup_key("devices")), &format!("{kind} {major}:{minor} {access}"));
+    let access = if dev.get("deny-write").map(String::as_str) == Some("1") {
+        "rm"
+    } else {
+        "rwm"
+    };
+    line(
+        &format!("{}.devices.allow", cgroup_key("devices")),
+        &format!("{kind} {major}:{minor} {access}"),
+    );
     let target = path.trim_start_matches('/');
-    line("lxc.mount.entry", &format!("{path} {target} none bind,optional,create=file 0 0"));
+    line(
+        "lxc.mount.entry",
+        &format!("{path} {target} none bind,optional,create=file 0 0"),
+    );
     Ok(())
 }

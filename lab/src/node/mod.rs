@@ -62,7 +62,12 @@ impl Node {
                     self.lab.conf_name(vmid)
                 )));
             }
-            Err(e) => return Err(ApiError::die(format!("unable to read {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(ApiError::die(format!(
+                    "unable to read {}: {e}",
+                    path.display()
+                )));
+            }
         };
         CtConfig::parse(&raw).map_err(|e| ApiError::die(format!("vm {vmid} - {e}")))
     }
@@ -100,10 +105,14 @@ impl Node {
             .arg(self.lab.lxc_path())
             .args(["-n", &vmid.to_string(), "-s", "-p"])
             .output();
-        let Ok(out) = out else { return RunState::Stopped };
+        let Ok(out) = out else {
+            return RunState::Stopped;
+        };
         let text = String::from_utf8_lossy(&out.stdout);
         let field = |name: &str| {
-            text.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string())
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
         };
         if field("State:").as_deref() != Some("RUNNING") {
             return RunState::Stopped;
@@ -121,7 +130,10 @@ impl Node {
 
     /// Takes the container's config lock (`/run/lock/lxc/pve-config-<vmid>.lock`, 10 s).
     pub fn lock(&self, vmid: u32) -> ApiResult<ConfigLock> {
-        ConfigLock::acquire(&self.lab.lock_path(vmid), std::time::Duration::from_secs(10))
+        ConfigLock::acquire(
+            &self.lab.lock_path(vmid),
+            std::time::Duration::from_secs(10),
+        )
     }
 
     /// `check_lock`: 500 `CT is locked (create)` when a lock is set.
@@ -136,20 +148,30 @@ impl Node {
 /// Runs a command; a failure becomes Proxmox's `command '...' failed: exit code N` with stderr.
 pub fn run(cmd: &mut Command) -> ApiResult<String> {
     let shown = format!("{cmd:?}").replace('"', "");
-    let out = cmd.output().map_err(|e| ApiError::die(format!("command '{shown}' failed: {e}")))?;
+    let out = cmd
+        .output()
+        .map_err(|e| ApiError::die(format!("command '{shown}' failed: {e}")))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let code = out.status.code().map_or("signal".to_string(), |c| format!("exit code {c}"));
-        return Err(ApiError::die(format!("command '{shown}' failed: {code}\n{}", stderr.trim())));
+        let code = out
+            .status
+            .code()
+            .map_or("signal".to_string(), |c| format!("exit code {c}"));
+        return Err(ApiError::die(format!(
+            "command '{shown}' failed: {code}\n{}",
+            stderr.trim()
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// True when something is mounted at or below `path` (guards every recursive delete).
 pub fn has_mounts_below(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return true };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return true;
+    };
     let prefix = path.to_string_lossy().trim_end_matches('/').to_string();
-    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|mp| {
-        mp == prefix || mp.starts_with(&format!("{prefix}/"))
-    })
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|mp| mp == prefix || mp.starts_with(&format!("{prefix}/")))
 }

@@ -30,7 +30,9 @@ impl Node {
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("config"), lxc_conf)?;
         let root = lxcconf::rootfs_path(&self.lab, &conf)?;
-        let hostname = conf.get("hostname").map_or(format!("CT{vmid}"), str::to_string);
+        let hostname = conf
+            .get("hostname")
+            .map_or(format!("CT{vmid}"), str::to_string);
         write_hostname(&root, &hostname)?;
         let logfile = dir.join("console.log");
         let res = run(Command::new("lxc-start")
@@ -39,11 +41,21 @@ impl Node {
             .args(["-n", &vmid.to_string(), "-d", "-l", "WARN", "-o"])
             .arg(&logfile));
         if let Err(e) = res {
-            for l in std::fs::read_to_string(&logfile).unwrap_or_default().lines().rev().take(10).collect::<Vec<_>>().iter().rev() {
+            for l in std::fs::read_to_string(&logfile)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .iter()
+                .rev()
+            {
                 log(l);
             }
             log(&e.message);
-            return Err(ApiError::die(format!("startup for container '{vmid}' failed")));
+            return Err(ApiError::die(format!(
+                "startup for container '{vmid}' failed"
+            )));
         }
         run(Command::new("lxc-wait")
             .arg("-P")
@@ -114,7 +126,11 @@ fn write_hostname(root: &std::path::Path, hostname: &str) -> ApiResult<()> {
     let (begin, end) = ("# --- BEGIN PVE ---", "# --- END PVE ---");
     let block = format!("{begin}\n127.0.1.1 {hostname}\n{end}\n");
     let new = match (hosts.find(begin), hosts.find(end)) {
-        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &hosts[..b], hosts[e + end.len()..].trim_start_matches('\n')),
+        (Some(b), Some(e)) if e > b => format!(
+            "{}{block}{}",
+            &hosts[..b],
+            hosts[e + end.len()..].trim_start_matches('\n')
+        ),
         _ => format!("{hosts}{block}"),
     };
     std::fs::write(etc.join("hosts"), new)?;

@@ -48,17 +48,21 @@ impl Node {
         let _lock = self.lock(vmid)?;
         let mut conf = self.load(vmid)?;
         Node::check_lock(&conf)?;
-        if let Some(d) = &upd.digest {
-            if *d != conf.digest {
-                return Err(ApiError::die(
-                    "detected modified configuration - file changed by other user? Try again.",
-                ));
-            }
+        if let Some(d) = &upd.digest
+            && *d != conf.digest
+        {
+            return Err(ApiError::die(
+                "detected modified configuration - file changed by other user? Try again.",
+            ));
         }
         let state = self.state(vmid);
         let errors = self.update_pct_config(vmid, &mut conf, state, upd, log)?;
         self.write(vmid, &conf)?;
-        if errors.is_empty() { Ok(()) } else { Err(ApiError::params(errors)) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::params(errors))
+        }
     }
 
     /// Writes changes to pending, then applies or hotplugs them; returns per-option errors.
@@ -76,14 +80,20 @@ impl Node {
         }
         for opt in &upd.delete {
             if !conf.main.props.contains_key(opt) && !conf.pending.props.contains_key(opt) {
-                log(&format!("cannot delete '{opt}' - not set in current configuration!"));
+                log(&format!(
+                    "cannot delete '{opt}' - not set in current configuration!"
+                ));
                 continue;
             }
             if ["memory", "rootfs", "ostype"].contains(&opt.as_str()) {
-                return Err(ApiError::die(format!("unable to delete required option '{opt}'")));
+                return Err(ApiError::die(format!(
+                    "unable to delete required option '{opt}'"
+                )));
             }
             if opt == "unprivileged" {
-                return Err(ApiError::die(format!("unable to delete read-only option: '{opt}'")));
+                return Err(ApiError::die(format!(
+                    "unable to delete read-only option: '{opt}'"
+                )));
             }
             let mut del = conf.pending_delete();
             if !del.contains(opt) {
@@ -95,13 +105,18 @@ impl Node {
         for (opt, value) in &upd.set {
             let mut value = value.clone();
             if opt == "unprivileged" {
-                return Err(ApiError::die(format!("unable to modify read-only option: '{opt}'")));
+                return Err(ApiError::die(format!(
+                    "unable to modify read-only option: '{opt}'"
+                )));
             } else if opt == "tags" {
                 value = unique_tags(&value);
             } else if let Some(fmt) = propstr::format_of(opt) {
-                let parsed = propstr::parse(&fmt, &value).map_err(|e| ApiError::die(format!("{opt}: {e}")))?;
+                let parsed = propstr::parse(&fmt, &value)
+                    .map_err(|e| ApiError::die(format!("{opt}: {e}")))?;
                 if indexed(opt, "dev") && !parsed.contains_key("path") {
-                    return Err(ApiError::die(format!("Path is not defined for passthrough device {opt}")));
+                    return Err(ApiError::die(format!(
+                        "Path is not defined for passthrough device {opt}"
+                    )));
                 }
             }
             conf.pending.props.insert(opt.clone(), value);
@@ -117,7 +132,12 @@ impl Node {
     }
 
     /// Applies all pending changes (`vmconfig_apply_pending`), for a stopped container.
-    pub(crate) fn apply_pending(&self, vmid: u32, conf: &mut CtConfig, errors: &mut BTreeMap<String, String>) {
+    pub(crate) fn apply_pending(
+        &self,
+        vmid: u32,
+        conf: &mut CtConfig,
+        errors: &mut BTreeMap<String, String>,
+    ) {
         for opt in conf.pending_delete() {
             let res = (|| -> ApiResult<()> {
                 if let Some(old) = conf.main.props.get(&opt).cloned() {
@@ -138,7 +158,10 @@ impl Node {
                     remove_pending_delete(conf, &opt);
                 }
                 Err(e) => {
-                    errors.insert(opt.clone(), format!("unable to apply pending change {opt} : {}", e.message));
+                    errors.insert(
+                        opt.clone(),
+                        format!("unable to apply pending change {opt} : {}", e.message),
+                    );
                 }
             }
         }
@@ -173,7 +196,10 @@ impl Node {
                     conf.pending.props.remove(&opt);
                 }
                 Err(e) => {
-                    errors.insert(opt.clone(), format!("unable to apply pending change {opt} : {}", e.message));
+                    errors.insert(
+                        opt.clone(),
+                        format!("unable to apply pending change {opt} : {}", e.message),
+                    );
                 }
             }
         }
@@ -191,7 +217,10 @@ impl Node {
         } else if MountKind::of(&mp["volume"]) == MountKind::Volume {
             let path = volumes::path_of(&self.lab, &mp["volume"])?;
             if !path.exists() {
-                return Err(ApiError::die(format!("volume '{}' does not exist", mp["volume"])));
+                return Err(ApiError::die(format!(
+                    "volume '{}' does not exist",
+                    mp["volume"]
+                )));
             }
         }
         Ok(propstr::print(&fmt, &mp))
@@ -212,14 +241,20 @@ impl Node {
         match std::fs::remove_dir_all(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(ApiError::die(format!("unable to delete volume '{volid}': {e}"))),
+            Err(e) => Err(ApiError::die(format!(
+                "unable to delete volume '{volid}': {e}"
+            ))),
         }
     }
 }
 
 /// Removes one key from the pending delete list.
 pub(crate) fn remove_pending_delete(conf: &mut CtConfig, opt: &str) {
-    let del: Vec<String> = conf.pending_delete().into_iter().filter(|k| k != opt).collect();
+    let del: Vec<String> = conf
+        .pending_delete()
+        .into_iter()
+        .filter(|k| k != opt)
+        .collect();
     conf.set_pending_delete(&del);
 }
 
@@ -245,9 +280,18 @@ fn cleanup_pending(conf: &mut CtConfig) {
 
 /// Records a detached volume as `unusedN`.
 fn add_unused(conf: &mut CtConfig, volid: &str) {
-    if conf.main.props.iter().any(|(k, v)| indexed(k, "unused") && v == volid) {
+    if conf
+        .main
+        .props
+        .iter()
+        .any(|(k, v)| indexed(k, "unused") && v == volid)
+    {
         return;
     }
-    let n = (0..).find(|n| !conf.main.props.contains_key(&format!("unused{n}"))).unwrap_or(0);
-    conf.main.props.insert(format!("unused{n}"), volid.to_string());
+    let n = (0..)
+        .find(|n| !conf.main.props.contains_key(&format!("unused{n}")))
+        .unwrap_or(0);
+    conf.main
+        .props
+        .insert(format!("unused{n}"), volid.to_string());
 }

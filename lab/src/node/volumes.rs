@@ -14,7 +14,9 @@ pub const STORAGE: &str = "local";
 /// Splits a volume id into storage and volume name, checking the storage exists.
 pub fn parse_volid(volid: &str) -> ApiResult<(&str, &str)> {
     let Some((sid, name)) = volid.split_once(':') else {
-        return Err(ApiError::die(format!("unable to parse volume ID '{volid}'")));
+        return Err(ApiError::die(format!(
+            "unable to parse volume ID '{volid}'"
+        )));
     };
     if sid != STORAGE {
         return Err(ApiError::die(format!("storage '{sid}' does not exist")));
@@ -27,18 +29,24 @@ pub fn path_of(lab: &Settings, volid: &str) -> ApiResult<PathBuf> {
     let (_, name) = parse_volid(volid)?;
     if let Some(file) = name.strip_prefix("vztmpl/") {
         if file.contains('/') || file.starts_with('.') {
-            return Err(ApiError::die(format!("unable to parse volume ID '{volid}'")));
+            return Err(ApiError::die(format!(
+                "unable to parse volume ID '{volid}'"
+            )));
         }
         return Ok(lab.template_dir().join(file));
     }
     let Some((owner, file)) = name.split_once('/') else {
-        return Err(ApiError::die(format!("unable to parse volume ID '{volid}'")));
+        return Err(ApiError::die(format!(
+            "unable to parse volume ID '{volid}'"
+        )));
     };
     let owner: u32 = owner
         .parse()
         .map_err(|_| ApiError::die(format!("unable to parse volume ID '{volid}'")))?;
     if file.contains('/') || !file.starts_with(&format!("vm-{owner}-disk-")) {
-        return Err(ApiError::die(format!("unable to parse volume ID '{volid}'")));
+        return Err(ApiError::die(format!(
+            "unable to parse volume ID '{volid}'"
+        )));
     }
     Ok(lab.images_dir(owner).join(file))
 }
@@ -71,7 +79,9 @@ pub fn templates(lab: &Settings) -> Vec<(String, u64, u64)> {
         .filter_map(|e| {
             let name = e.file_name().to_str()?.to_string();
             let meta = e.metadata().ok()?;
-            let is_tmpl = [".tar.gz", ".tar.xz", ".tar.zst", ".tgz"].iter().any(|s| name.ends_with(s));
+            let is_tmpl = [".tar.gz", ".tar.xz", ".tar.zst", ".tgz"]
+                .iter()
+                .any(|s| name.ends_with(s));
             if !meta.is_file() || !is_tmpl {
                 return None;
             }

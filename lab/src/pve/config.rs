@@ -84,7 +84,10 @@ enum Target {
 impl CtConfig {
     /// Parses a config file; lines it cannot read are reported as errors.
     pub fn parse(raw: &str) -> Result<CtConfig, String> {
-        let mut conf = CtConfig { digest: digest(raw), ..Default::default() };
+        let mut conf = CtConfig {
+            digest: digest(raw),
+            ..Default::default()
+        };
         let mut target = Target::Main;
         let mut descr = String::new();
         for line in raw.lines() {
@@ -93,17 +96,19 @@ impl CtConfig {
             }
             let trimmed = line.trim_end();
             if trimmed.eq_ignore_ascii_case("[pve:pending]") {
-                conf.section(&target).set_description(std::mem::take(&mut descr));
+                conf.section(&target)
+                    .set_description(std::mem::take(&mut descr));
                 target = Target::Pending;
                 continue;
             }
-            if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
-                if is_section_name(name) {
-                    conf.section(&target).set_description(std::mem::take(&mut descr));
-                    conf.snapshots.insert(name.to_string(), Section::default());
-                    target = Target::Snapshot(name.to_string());
-                    continue;
-                }
+            if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']'))
+                && is_section_name(name)
+            {
+                conf.section(&target)
+                    .set_description(std::mem::take(&mut descr));
+                conf.snapshots.insert(name.to_string(), Section::default());
+                target = Target::Snapshot(name.to_string());
+                continue;
             }
             if let Some(text) = line.strip_prefix('#') {
                 descr.push_str(&decode_text(text));
@@ -118,7 +123,8 @@ impl CtConfig {
                     (None, Some(e)) => (&line[..e], &line[e + 1..]),
                     (None, None) => return Err(format!("unable to parse config: {line}")),
                 };
-                sect.lxc.push((key.trim().to_string(), value.trim().to_string()));
+                sect.lxc
+                    .push((key.trim().to_string(), value.trim().to_string()));
                 continue;
             }
             let Some((key, value)) = line.split_once(':') else {
@@ -128,7 +134,9 @@ impl CtConfig {
             let value = value.trim();
             if key.is_empty()
                 || !key.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-                || !key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                || !key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                 || value.is_empty()
             {
                 return Err(format!("unable to parse config: {line}"));
@@ -177,10 +185,16 @@ impl CtConfig {
 
     /// Option names queued for deletion in `[pve:pending]`.
     pub fn pending_delete(&self) -> Vec<String> {
-        split_list(self.pending.props.get("delete").map(String::as_str).unwrap_or(""))
-            .into_iter()
-            .map(|k| k.trim_start_matches('!').to_string())
-            .collect()
+        split_list(
+            self.pending
+                .props
+                .get("delete")
+                .map(String::as_str)
+                .unwrap_or(""),
+        )
+        .into_iter()
+        .map(|k| k.trim_start_matches('!').to_string())
+        .collect()
     }
 
     /// Replaces the pending delete list (removing the key when empty).
@@ -239,11 +253,20 @@ lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.mount.entry: /dev/nvidia0 dev/nvidia
     #[test]
     fn round_trips_a_proxmox_config() {
         let conf = CtConfig::parse(SAMPLE).unwrap();
-        assert_eq!(conf.get("description"), Some("GPU server: llm\nsecond line\n"));
+        assert_eq!(
+            conf.get("description"),
+            Some("GPU server: llm\nsecond line\n")
+        );
         assert_eq!(conf.get("memory"), Some("2048"));
         assert_eq!(conf.main.lxc.len(), 2);
-        assert_eq!(conf.main.lxc[0], ("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into()));
-        assert_eq!(conf.pending.props.get("memory").map(String::as_str), Some("4096"));
+        assert_eq!(
+            conf.main.lxc[0],
+            ("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into())
+        );
+        assert_eq!(
+            conf.pending.props.get("memory").map(String::as_str),
+            Some("4096")
+        );
         assert_eq!(conf.pending_delete(), vec!["swap".to_string()]);
         assert!(conf.snapshots.contains_key("before-upgrade"));
         assert_eq!(conf.to_raw(), SAMPLE);

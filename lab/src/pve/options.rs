@@ -5,7 +5,14 @@ use serde_json::{Value, json};
 use super::config::split_list;
 
 const INTEGER: &[&str] = &["cores", "cpuunits", "memory", "swap", "tty"];
-const BOOLEAN: &[&str] = &["console", "debug", "onboot", "protection", "template", "unprivileged"];
+const BOOLEAN: &[&str] = &[
+    "console",
+    "debug",
+    "onboot",
+    "protection",
+    "template",
+    "unprivileged",
+];
 const NUMBER: &[&str] = &["cpulimit"];
 
 /// A config value as the API returns it (integers and booleans as numbers).
@@ -14,10 +21,10 @@ pub fn to_json(key: &str, value: &str) -> Value {
         if let Ok(n) = value.parse::<i64>() {
             return json!(n);
         }
-    } else if NUMBER.contains(&key) {
-        if let Ok(n) = value.parse::<f64>() {
-            return json!(n);
-        }
+    } else if NUMBER.contains(&key)
+        && let Ok(n) = value.parse::<f64>()
+    {
+        return json!(n);
     }
     Value::String(value.to_string())
 }
@@ -34,7 +41,10 @@ pub fn to_conf_value(v: &Value) -> String {
 
 /// Tags deduplicated, lower-cased and sorted (`PVE::GuestHelpers::get_unique_tags`).
 pub fn unique_tags(tags: &str) -> String {
-    let mut list: Vec<String> = split_list(tags).into_iter().map(|t| t.to_lowercase()).collect();
+    let mut list: Vec<String> = split_list(tags)
+        .into_iter()
+        .map(|t| t.to_lowercase())
+        .collect();
     list.sort();
     list.dedup();
     list.join(";")
@@ -79,7 +89,9 @@ pub fn new_disk(volume: &str) -> Option<(&str, f64)> {
     let gib: f64 = size.parse().ok()?;
     let valid_sid = !sid.is_empty()
         && sid.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && sid.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        && sid
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     valid_sid.then_some((sid, gib))
 }
 
@@ -107,7 +119,10 @@ mod tests {
     #[test]
     fn volumes() {
         assert_eq!(MountKind::of("/srv/x"), MountKind::Bind);
-        assert_eq!(MountKind::of("local:129/vm-129-disk-0.raw"), MountKind::Volume);
+        assert_eq!(
+            MountKind::of("local:129/vm-129-disk-0.raw"),
+            MountKind::Volume
+        );
         assert_eq!(new_disk("local:8"), Some(("local", 8.0)));
         assert_eq!(new_disk("local:129/vm-129-disk-0.raw"), None);
     }

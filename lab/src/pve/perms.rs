@@ -19,7 +19,10 @@ pub struct AuthUser {
 impl AuthUser {
     /// root@pam logged in with a ticket (or `pct` on the node).
     pub fn root() -> AuthUser {
-        AuthUser { userid: "root@pam".into(), token: None }
+        AuthUser {
+            userid: "root@pam".into(),
+            token: None,
+        }
     }
 
     /// `user@realm` or `user@realm!token`, as in UPIDs and permission checks.
@@ -46,7 +49,10 @@ impl AuthUser {
         if self.is_superuser() || privs.iter().all(|p| p.ends_with(".Audit")) {
             return Ok(());
         }
-        Err(ApiError::perm(Some(&format!("{path}, {}", privs.join("|")))))
+        Err(ApiError::perm(Some(&format!(
+            "{path}, {}",
+            privs.join("|")
+        ))))
     }
 }
 
@@ -78,7 +84,9 @@ pub fn check_modify(
             }
             let value = newconf.get(opt).map(String::as_str).unwrap_or("");
             let fmt = propstr::format_of(opt).expect("mount keys have a format");
-            let volume = propstr::parse(&fmt, value).ok().and_then(|m| m.get("volume").cloned());
+            let volume = propstr::parse(&fmt, value)
+                .ok()
+                .and_then(|m| m.get("volume").cloned());
             let kind = MountKind::of(volume.as_deref().unwrap_or(""));
             if kind != MountKind::Volume {
                 return Err(perm_exc(&format!(
@@ -92,7 +100,9 @@ pub fn check_modify(
         } else if indexed(opt, "net") || ["nameserver", "searchdomain", "hostname"].contains(&opt) {
             user.check(&vm, &["VM.Config.Network"])
         } else if indexed(opt, "dev") {
-            Err(perm_exc("configuring device passthrough is only allowed for root@pam"))
+            Err(perm_exc(
+                "configuring device passthrough is only allowed for root@pam",
+            ))
         } else if opt == "features" {
             if !unprivileged {
                 return Err(perm_exc(
@@ -100,20 +110,29 @@ pub fn check_modify(
                 ));
             }
             let parse = |s: Option<&str>| {
-                s.and_then(|s| propstr::parse(&propstr::FEATURES, s).ok()).unwrap_or_default()
+                s.and_then(|s| propstr::parse(&propstr::FEATURES, s).ok())
+                    .unwrap_or_default()
             };
             let before = parse(old("features"));
-            let after = if is_delete { BTreeMap::new() } else { parse(newconf.get(opt).map(String::as_str)) };
+            let after = if is_delete {
+                BTreeMap::new()
+            } else {
+                parse(newconf.get(opt).map(String::as_str))
+            };
             let other_changed = before
                 .keys()
                 .chain(after.keys())
                 .any(|k| k != "nesting" && before.get(k) != after.get(k));
             if other_changed {
-                return Err(perm_exc("changing feature flags (except nesting) is only allowed for root@pam"));
+                return Err(perm_exc(
+                    "changing feature flags (except nesting) is only allowed for root@pam",
+                ));
             }
             user.check(&vm, &["VM.Allocate"])
         } else if opt == "hookscript" {
-            Err(perm_exc("changing the hookscript is only allowed for root@pam"))
+            Err(perm_exc(
+                "changing the hookscript is only allowed for root@pam",
+            ))
         } else {
             user.check(&vm, &["VM.Config.Options"])
         }
@@ -132,7 +151,10 @@ mod tests {
     use super::*;
 
     fn token() -> AuthUser {
-        AuthUser { userid: "root@pam".into(), token: Some("lab".into()) }
+        AuthUser {
+            userid: "root@pam".into(),
+            token: Some("lab".into()),
+        }
     }
 
     #[test]
@@ -140,7 +162,10 @@ mod tests {
         let conf = BTreeMap::from([("mp0".to_string(), "/srv,mp=/shared".to_string())]);
         let err = check_modify(&token(), 100, None, &conf, &[], true).unwrap_err();
         assert_eq!(err.status, 403);
-        assert_eq!(err.message, "Permission check failed (mount point type bind is only allowed for root@pam)");
+        assert_eq!(
+            err.message,
+            "Permission check failed (mount point type bind is only allowed for root@pam)"
+        );
         assert!(check_modify(&AuthUser::root(), 100, None, &conf, &[], true).is_ok());
     }
 
@@ -149,7 +174,17 @@ mod tests {
         let nest = BTreeMap::from([("features".to_string(), "nesting=1".to_string())]);
         assert!(check_modify(&token(), 100, None, &nest, &[], true).is_ok());
         let keyctl = BTreeMap::from([("features".to_string(), "keyctl=1,nesting=1".to_string())]);
-        assert_eq!(check_modify(&token(), 100, None, &keyctl, &[], true).unwrap_err().status, 403);
-        assert_eq!(check_modify(&token(), 100, None, &nest, &[], false).unwrap_err().status, 403);
+        assert_eq!(
+            check_modify(&token(), 100, None, &keyctl, &[], true)
+                .unwrap_err()
+                .status,
+            403
+        );
+        assert_eq!(
+            check_modify(&token(), 100, None, &nest, &[], false)
+                .unwrap_err()
+                .status,
+            403
+        );
     }
 }

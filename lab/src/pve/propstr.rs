@@ -20,8 +20,21 @@ pub const NET: Format = Format {
     default_key: None,
     required: &["name"],
     keys: &[
-        "bridge", "firewall", "gw", "gw6", "host-managed", "hwaddr", "ip", "ip6", "link_down",
-        "mtu", "name", "rate", "tag", "trunks", "type",
+        "bridge",
+        "firewall",
+        "gw",
+        "gw6",
+        "host-managed",
+        "hwaddr",
+        "ip",
+        "ip6",
+        "link_down",
+        "mtu",
+        "name",
+        "rate",
+        "tag",
+        "trunks",
+        "type",
     ],
 };
 
@@ -30,8 +43,17 @@ pub const MP: Format = Format {
     default_key: Some("volume"),
     required: &["mp", "volume"],
     keys: &[
-        "acl", "backup", "keepattrs", "mountoptions", "mp", "quota", "replicate", "ro", "shared",
-        "size", "volume",
+        "acl",
+        "backup",
+        "keepattrs",
+        "mountoptions",
+        "mp",
+        "quota",
+        "replicate",
+        "ro",
+        "shared",
+        "size",
+        "volume",
     ],
 };
 
@@ -39,7 +61,16 @@ pub const MP: Format = Format {
 pub const ROOTFS: Format = Format {
     default_key: Some("volume"),
     required: &["volume"],
-    keys: &["acl", "mountoptions", "quota", "replicate", "ro", "shared", "size", "volume"],
+    keys: &[
+        "acl",
+        "mountoptions",
+        "quota",
+        "replicate",
+        "ro",
+        "shared",
+        "size",
+        "volume",
+    ],
 };
 
 /// `devN`.
@@ -53,13 +84,21 @@ pub const DEV: Format = Format {
 pub const FEATURES: Format = Format {
     default_key: None,
     required: &[],
-    keys: &["force_rw_sys", "fuse", "keyctl", "mknod", "mount", "nesting"],
+    keys: &[
+        "force_rw_sys",
+        "fuse",
+        "keyctl",
+        "mknod",
+        "mount",
+        "nesting",
+    ],
 };
 
 /// The format of a config option that holds a property string, if it does.
 pub fn format_of(key: &str) -> Option<Format> {
     let indexed = |prefix: &str| {
-        key.strip_prefix(prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        key.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
     };
     if indexed("net") {
         Some(NET)
@@ -84,19 +123,29 @@ pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> 
             Some((k, v)) => (k.to_string(), v.to_string()),
             None => match fmt.default_key {
                 Some(d) => (d.to_string(), part.to_string()),
-                None => return Err(format!("value without key, but schema does not define a default key\n")),
+                None => {
+                    return Err(
+                        "value without key, but schema does not define a default key\n".to_string(),
+                    );
+                }
             },
         };
         if !fmt.keys.contains(&k.as_str()) {
-            return Err(format!("invalid format - format error\n{k}: property is not defined in schema and the schema does not allow additional properties\n"));
+            return Err(format!(
+                "invalid format - format error\n{k}: property is not defined in schema and the schema does not allow additional properties\n"
+            ));
         }
         if res.insert(k.clone(), v).is_some() {
-            return Err(format!("duplicate key in comma-separated list property: {k}\n"));
+            return Err(format!(
+                "duplicate key in comma-separated list property: {k}\n"
+            ));
         }
     }
     for r in fmt.required {
         if !res.contains_key(*r) {
-            return Err(format!("invalid format - format error\n{r}: property is missing and it is not optional\n"));
+            return Err(format!(
+                "invalid format - format error\n{r}: property is missing and it is not optional\n"
+            ));
         }
     }
     Ok(res)
@@ -106,13 +155,18 @@ pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> 
 pub fn print(fmt: &Format, data: &BTreeMap<String, String>) -> String {
     let mut parts = Vec::new();
     let mut done = Vec::new();
-    if let Some(d) = fmt.default_key {
-        if let Some(v) = data.get(d) {
-            parts.push(v.clone());
-            done.push(d);
-        }
+    if let Some(d) = fmt.default_key
+        && let Some(v) = data.get(d)
+    {
+        parts.push(v.clone());
+        done.push(d);
     }
-    let mut required: Vec<&str> = fmt.required.iter().copied().filter(|k| !done.contains(k)).collect();
+    let mut required: Vec<&str> = fmt
+        .required
+        .iter()
+        .copied()
+        .filter(|k| !done.contains(k))
+        .collect();
     required.sort_unstable();
     for k in required {
         if let Some(v) = data.get(k) {
@@ -147,8 +201,13 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 /// Formats bytes as Proxmox's `format_size` does (largest unit that divides evenly).
 pub fn format_size(bytes: u64) -> String {
-    for (unit, mult) in [("T", 1u64 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
-        if bytes >= mult && bytes % mult == 0 {
+    for (unit, mult) in [
+        ("T", 1u64 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ] {
+        if bytes >= mult && bytes.is_multiple_of(mult) {
             return format!("{}{unit}", bytes / mult);
         }
     }
@@ -162,7 +221,10 @@ mod tests {
     #[test]
     fn net_prints_name_first_then_sorted() {
         let m = parse(&NET, "bridge=vmbr0,name=eth0,ip=10.0.0.2/24,type=veth").unwrap();
-        assert_eq!(print(&NET, &m), "name=eth0,bridge=vmbr0,ip=10.0.0.2/24,type=veth");
+        assert_eq!(
+            print(&NET, &m),
+            "name=eth0,bridge=vmbr0,ip=10.0.0.2/24,type=veth"
+        );
     }
 
     #[test]
@@ -170,7 +232,11 @@ mod tests {
         let m = parse(&MP, "/srv/shared,mp=/shared,ro=1").unwrap();
         assert_eq!(m["volume"], "/srv/shared");
         assert_eq!(print(&MP, &m), "/srv/shared,mp=/shared,ro=1");
-        assert!(parse(&MP, "/srv/shared").unwrap_err().contains("mp: property is missing"));
+        assert!(
+            parse(&MP, "/srv/shared")
+                .unwrap_err()
+                .contains("mp: property is missing")
+        );
         assert!(parse(&NET, "name=eth0,colour=red").is_err());
     }
 

@@ -44,7 +44,14 @@ pub fn random_hex(n: usize) -> String {
 
 fn uuid() -> String {
     let h = random_hex(16);
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 impl Secrets {
@@ -55,7 +62,8 @@ impl Secrets {
     /// Reads the secrets.
     pub fn load(lab: &Settings) -> Result<Secrets> {
         let p = Self::path(lab);
-        let raw = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let raw =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         serde_json::from_str(&raw).with_context(|| format!("parsing {}", p.display()))
     }
 
@@ -93,16 +101,26 @@ impl Secrets {
     }
 
     fn csrf_token(&self, userid: &str, stamp: &str) -> String {
-        format!("{stamp}:{}", &self.sign(&format!("csrf:{userid}:{stamp}"))[..43])
+        format!(
+            "{stamp}:{}",
+            &self.sign(&format!("csrf:{userid}:{stamp}"))[..43]
+        )
     }
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `POST /access/ticket`.
-pub fn login(secrets: &Secrets, username: Option<&str>, password: Option<&str>, realm: Option<&str>) -> ApiResult<Value> {
+pub fn login(
+    secrets: &Secrets,
+    username: Option<&str>,
+    password: Option<&str>,
+    realm: Option<&str>,
+) -> ApiResult<Value> {
     let mut user = username.unwrap_or("").to_string();
     if !user.contains('@') {
         user = format!("{user}@{}", realm.unwrap_or("pam"));
@@ -138,45 +156,63 @@ fn cookie_ticket(headers: &HeaderMap) -> Option<String> {
 
 /// Authenticates a request; writes made with a ticket must carry the CSRF token.
 pub fn authenticate(secrets: &Secrets, headers: &HeaderMap, is_write: bool) -> ApiResult<AuthUser> {
-    if let Some(auth) = headers.get("authorization").and_then(|h| h.to_str().ok()) {
-        if let Some(tok) = auth.strip_prefix("PVEAPIToken=").or_else(|| auth.strip_prefix("PVEAPIToken ")) {
-            let Some((id, secret)) = tok.split_once('=') else {
-                return Err(ApiError::unauthorized("invalid token value!"));
-            };
-            let Some((userid, name)) = id.split_once('!') else {
-                return Err(ApiError::unauthorized("invalid token value!"));
-            };
-            let known = match (userid, name) {
-                ("root@pam", "lab") => Some(&secrets.token_secret),
-                ("auditor@pve", "ro") => Some(&secrets.audit_token_secret),
-                _ => None,
-            };
-            return match known {
-                Some(s) if s == secret => Ok(AuthUser { userid: userid.into(), token: Some(name.into()) }),
-                Some(_) => Err(ApiError::unauthorized("invalid token value!")),
-                None => Err(ApiError::unauthorized(&format!("no such token '{name}' for user '{userid}'"))),
-            };
-        }
+    if let Some(auth) = headers.get("authorization").and_then(|h| h.to_str().ok())
+        && let Some(tok) = auth
+            .strip_prefix("PVEAPIToken=")
+            .or_else(|| auth.strip_prefix("PVEAPIToken "))
+    {
+        let Some((id, secret)) = tok.split_once('=') else {
+            return Err(ApiError::unauthorized("invalid token value!"));
+        };
+        let Some((userid, name)) = id.split_once('!') else {
+            return Err(ApiError::unauthorized("invalid token value!"));
+        };
+        let known = match (userid, name) {
+            ("root@pam", "lab") => Some(&secrets.token_secret),
+            ("auditor@pve", "ro") => Some(&secrets.audit_token_secret),
+            _ => None,
+        };
+        return match known {
+            Some(s) if s == secret => Ok(AuthUser {
+                userid: userid.into(),
+                token: Some(name.into()),
+            }),
+            Some(_) => Err(ApiError::unauthorized("invalid token value!")),
+            None => Err(ApiError::unauthorized(&format!(
+                "no such token '{name}' for user '{userid}'"
+            ))),
+        };
     }
     let Some(ticket) = cookie_ticket(headers) else {
         return Err(ApiError::unauthorized("No ticket"));
     };
-    let user = verify_ticket(secrets, &ticket).ok_or_else(|| ApiError::unauthorized("invalid ticket"))?;
+    let user =
+        verify_ticket(secrets, &ticket).ok_or_else(|| ApiError::unauthorized("invalid ticket"))?;
     if is_write {
-        let csrf = headers.get("csrfpreventiontoken").and_then(|h| h.to_str().ok()).unwrap_or("");
+        let csrf = headers
+            .get("csrfpreventiontoken")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
         let stamp = csrf.split(':').next().unwrap_or("");
         let fresh = u64::from_str_radix(stamp, 16).is_ok_and(|t| now() < t + TICKET_LIFETIME);
         if !fresh || secrets.csrf_token(&user, stamp) != csrf {
-            return Err(ApiError::unauthorized("Permission denied - invalid csrf token"));
+            return Err(ApiError::unauthorized(
+                "Permission denied - invalid csrf token",
+            ));
         }
     }
-    Ok(AuthUser { userid: user, token: None })
+    Ok(AuthUser {
+        userid: user,
+        token: None,
+    })
 }
 
 fn verify_ticket(secrets: &Secrets, ticket: &str) -> Option<String> {
     let (plain, sig) = ticket.split_once("::")?;
     let mut parts = plain.split(':');
-    let (Some("PVE"), Some(user), Some(stamp), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some("PVE"), Some(user), Some(stamp), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return None;
     };
     let t = u64::from_str_radix(stamp, 16).ok()?;

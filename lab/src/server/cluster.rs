@@ -13,7 +13,9 @@ pub const VERSION: &str = "9.1.3";
 
 /// `GET /version`.
 pub fn version() -> ApiResult<Reply> {
-    Ok(Reply::data(json!({ "version": VERSION, "release": "9.1", "repoid": "provision-lab" })))
+    Ok(Reply::data(
+        json!({ "version": VERSION, "release": "9.1", "repoid": "provision-lab" }),
+    ))
 }
 
 /// `GET /cluster/nextid`: the lowest free id from 100, or a check of the given one.
@@ -27,7 +29,9 @@ pub fn nextid(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
         return Ok(Reply::data(json!(v.to_string())));
     }
     let used = app.node.list();
-    let free = (100u32..).find(|id| used.binary_search(id).is_err()).expect("some id is free");
+    let free = (100u32..)
+        .find(|id| used.binary_search(id).is_err())
+        .expect("some id is free");
     Ok(Reply::data(json!(free.to_string())))
 }
 
@@ -35,7 +39,14 @@ fn meminfo(key: &str) -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .unwrap_or(0)
         * 1024
 }
@@ -48,7 +59,8 @@ pub fn nodes(app: &App) -> ApiResult<Reply> {
         .unwrap_or(0);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let total = meminfo("MemTotal:");
-    let fp = std::fs::read_to_string(app.node.lab.secrets_dir().join("fingerprint")).unwrap_or_default();
+    let fp =
+        std::fs::read_to_string(app.node.lab.secrets_dir().join("fingerprint")).unwrap_or_default();
     Ok(Reply::data(json!([{
         "node": app.node.lab.node, "status": "online", "type": "node", "id": format!("node/{}", app.node.lab.node),
         "level": "", "uptime": uptime, "maxcpu": cpus, "cpu": 0.0,

@@ -105,7 +105,8 @@ impl Faults {
 
     /// Adds a rule.
     pub fn add(&self, rule: FaultRule) -> Result<(), ApiError> {
-        let re = regex::Regex::new(&rule.path).map_err(|e| ApiError::param("path", format!("invalid regex: {e}")))?;
+        let re = regex::Regex::new(&rule.path)
+            .map_err(|e| ApiError::param("path", format!("invalid regex: {e}")))?;
         if rule.kind == FaultKind::Error && rule.status.is_none() {
             return Err(ApiError::param("status", "kind 'error' needs a status"));
         }
@@ -115,7 +116,12 @@ impl Faults {
 
     /// The rules still active, with their remaining counts.
     pub fn list(&self) -> Vec<FaultRule> {
-        self.rules.lock().expect("faults lock").iter().map(|(r, _)| r.clone()).collect()
+        self.rules
+            .lock()
+            .expect("faults lock")
+            .iter()
+            .map(|(r, _)| r.clone())
+            .collect()
     }
 
     /// Removes every rule.
@@ -133,12 +139,16 @@ impl Faults {
     ) -> Option<(Fault, Duration)> {
         let has_param = |p: &str| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            params.get(k).is_some_and(|x| crate::pve::options::to_conf_value(x) == v)
+            params
+                .get(k)
+                .is_some_and(|x| crate::pve::options::to_conf_value(x) == v)
         };
         let mut rules = self.rules.lock().expect("faults lock");
         let i = rules.iter().position(|(r, re)| {
             r.count > 0
-                && r.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+                && r.method
+                    .as_deref()
+                    .is_none_or(|m| m.eq_ignore_ascii_case(method))
                 && re.is_match(path)
                 && r.param.as_deref().is_none_or(has_param)
         })?;
@@ -158,7 +168,10 @@ impl Faults {
                     .captures(path)
                     .map_or("0".to_string(), |c| c[1].to_string());
                 let lock = lock_dir.join(format!("pve-config-{vmid}.lock"));
-                Fault::Respond(ApiError::die(format!("can't lock file '{}' - got timeout", lock.display())))
+                Fault::Respond(ApiError::die(format!(
+                    "can't lock file '{}' - got timeout",
+                    lock.display()
+                )))
             }
             FaultKind::BrokenPipe => Fault::Respond(ApiError::new(596, "Broken pipe")),
             FaultKind::Error => Fault::Respond(ApiError::new(
@@ -166,11 +179,16 @@ impl Faults {
                 rule.message.unwrap_or_else(|| "injected failure".into()),
             )),
             FaultKind::Drop => Fault::Drop,
-            FaultKind::TaskError => Fault::Task(TaskFault::Error(
-                rule.message.unwrap_or_else(|| "command 'lxc-start' failed: exit code 1".into()),
-            )),
+            FaultKind::TaskError => {
+                Fault::Task(TaskFault::Error(rule.message.unwrap_or_else(|| {
+                    "command 'lxc-start' failed: exit code 1".into()
+                })))
+            }
             FaultKind::SlowTask => {
-                return Some((Fault::Task(TaskFault::Slow(delay, rule.hold_lock)), Duration::ZERO));
+                return Some((
+                    Fault::Task(TaskFault::Slow(delay, rule.hold_lock)),
+                    Duration::ZERO,
+                ));
             }
         };
         Some((fault, delay))

@@ -37,7 +37,11 @@ fn type_error(key: &str, ty: &str, v: &str) -> ApiError {
 
 impl Params {
     /// Parses the query string and body as pveproxy does.
-    pub fn parse(query: Option<&str>, content_type: Option<&str>, body: &[u8]) -> ApiResult<Params> {
+    pub fn parse(
+        query: Option<&str>,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> ApiResult<Params> {
         let mut map = Map::new();
         let mut add_pairs = |raw: &[u8]| {
             for (k, v) in form_urlencoded::parse(raw) {
@@ -71,10 +75,16 @@ impl Params {
     pub fn int(&self, k: &str) -> ApiResult<Option<i64>> {
         match self.0.get(k) {
             None => Ok(None),
-            Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| type_error(k, "integer", &n.to_string())),
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| type_error(k, "integer", &n.to_string())),
             Some(v) => {
                 let s = crate::pve::options::to_conf_value(v);
-                s.trim().parse().map(Some).map_err(|_| type_error(k, "integer", &s))
+                s.trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| type_error(k, "integer", &s))
             }
         }
     }
@@ -94,10 +104,15 @@ impl Params {
 
     /// The vmid, required and in range.
     pub fn vmid(&self) -> ApiResult<u32> {
-        let v = self.int("vmid")?.ok_or_else(|| ApiError::param("vmid", "property is missing and it is not optional"))?;
+        let v = self
+            .int("vmid")?
+            .ok_or_else(|| ApiError::param("vmid", "property is missing and it is not optional"))?;
         // `pve-vmid` is checked before the range, so Proxmox answers with the format error.
         if !(100..=999_999_999).contains(&v) {
-            return Err(ApiError::param("vmid", "invalid format - value does not look like a valid VM ID"));
+            return Err(ApiError::param(
+                "vmid",
+                "invalid format - value does not look like a valid VM ID",
+            ));
         }
         Ok(v as u32)
     }
@@ -118,7 +133,8 @@ pub fn respond(result: ApiResult<Reply>) -> Response<Body> {
             if !e.errors.is_empty() {
                 body["errors"] = json!(e.errors);
             }
-            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let status =
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             json_response(status, Some(&e.message), &body)
         }
     }

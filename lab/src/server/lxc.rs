@@ -28,7 +28,9 @@ pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
         (&Method::GET, ["lxc", _, "config"]) => get_config(app, ctx),
         (&Method::PUT, ["lxc", _, "config"]) => put_config(app, ctx),
         (&Method::GET, ["lxc", _, "pending"]) => pending(app, ctx),
-        (&Method::GET, ["lxc", _, "status"]) => Ok(subdirs(&["current", "start", "stop", "shutdown", "reboot"])),
+        (&Method::GET, ["lxc", _, "status"]) => {
+            Ok(subdirs(&["current", "start", "stop", "shutdown", "reboot"]))
+        }
         (&Method::GET, ["lxc", _, "status", "current"]) => current(app, ctx),
         (&Method::POST, ["lxc", _, "status", action]) => power(app, ctx, action),
         _ => return None,
@@ -36,15 +38,17 @@ pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
 }
 
 fn subdirs(names: &[&str]) -> Reply {
-    Reply::data(Value::Array(names.iter().map(|n| json!({ "subdir": n })).collect()))
+    Reply::data(Value::Array(
+        names.iter().map(|n| json!({ "subdir": n })).collect(),
+    ))
 }
 
 fn vmid(ctx: &Ctx) -> ApiResult<u32> {
     let mut p = ctx.params.clone();
-    if !p.0.contains_key("vmid") {
-        if let Some(v) = ctx.segs.get(3) {
-            p.0.insert("vmid".into(), json!(v));
-        }
+    if !p.0.contains_key("vmid")
+        && let Some(v) = ctx.segs.get(3)
+    {
+        p.0.insert("vmid".into(), json!(v));
     }
     p.vmid()
 }
@@ -53,11 +57,17 @@ fn vmid(ctx: &Ctx) -> ApiResult<u32> {
 fn summary(node: &Node, vmid: u32, conf: &CtConfig) -> Value {
     let state = node.state(vmid);
     let mb = |k: &str, d: u64| conf.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(d) << 20;
-    let cpus: f64 = conf.get("cores").and_then(|c| c.parse().ok()).unwrap_or(1.0);
+    let cpus: f64 = conf
+        .get("cores")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1.0);
     let maxdisk = conf
         .get("rootfs")
         .and_then(|r| crate::pve::propstr::parse(&crate::pve::propstr::ROOTFS, r).ok())
-        .and_then(|m| m.get("size").and_then(|s| crate::pve::propstr::parse_size(s)))
+        .and_then(|m| {
+            m.get("size")
+                .and_then(|s| crate::pve::propstr::parse_size(s))
+        })
         .unwrap_or(0);
     let mut v = json!({
         "vmid": vmid, "type": "lxc", "name": conf.get("hostname").map_or(format!("CT{vmid}"), str::to_string),
@@ -68,10 +78,12 @@ fn summary(node: &Node, vmid: u32, conf: &CtConfig) -> Value {
     if let RunState::Running(pid) = state {
         v["pid"] = json!(pid);
         v["uptime"] = json!(uptime_of(pid));
-        let usage = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/lxc.payload.{vmid}/memory.usage_in_bytes"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let usage = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory/lxc.payload.{vmid}/memory.usage_in_bytes"
+        ))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
         v["mem"] = json!(usage);
     }
     if let Some(l) = conf.lock() {
@@ -89,7 +101,11 @@ fn summary(node: &Node, vmid: u32, conf: &CtConfig) -> Value {
 fn uptime_of(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let start: u64 = after.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let start: u64 = after
+        .split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let up: f64 = std::fs::read_to_string("/proc/uptime")
@@ -119,27 +135,39 @@ fn current(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
 
 /// Parameters that steer the create call rather than land in the config.
 const CREATE_ONLY: &[&str] = &[
-    "node", "vmid", "ostemplate", "password", "ssh-public-keys", "start", "storage", "unprivileged", "pool",
-    "force", "restore", "unique", "ignore-unpack-errors", "bwlimit", "ha-managed",
+    "node",
+    "vmid",
+    "ostemplate",
+    "password",
+    "ssh-public-keys",
+    "start",
+    "storage",
+    "unprivileged",
+    "pool",
+    "force",
+    "restore",
+    "unique",
+    "ignore-unpack-errors",
+    "bwlimit",
+    "ha-managed",
 ];
 
 fn create(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     let p = &ctx.params;
     let vmid = p.vmid()?;
-    let ostemplate = p
-        .str("ostemplate")
-        .ok_or_else(|| ApiError::param("ostemplate", "property is missing and it is not optional"))?;
+    let ostemplate = p.str("ostemplate").ok_or_else(|| {
+        ApiError::param("ostemplate", "property is missing and it is not optional")
+    })?;
     let unprivileged = p.bool("unprivileged")?.unwrap_or(true);
     let start = p.bool("start")?.unwrap_or(false);
     if p.bool("restore")?.unwrap_or(false) {
         return Err(ApiError::die("lab: restore is not supported"));
     }
-    let options: BTreeMap<String, String> = p
-        .0
-        .iter()
-        .filter(|(k, _)| !CREATE_ONLY.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), to_conf_value(v)))
-        .collect();
+    let options: BTreeMap<String, String> =
+        p.0.iter()
+            .filter(|(k, _)| !CREATE_ONLY.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), to_conf_value(v)))
+            .collect();
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Allocate"])?;
     if !unprivileged {
         ctx.user.check("/", &["Sys.Modify"])?;
@@ -185,17 +213,23 @@ fn destroy(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Allocate"])?;
     app.node.destroy_check(vmid)?;
     let node = app.node.clone();
-    let upid = spawn(app, ctx, "vzdestroy", vmid, move |log| node.destroy(vmid, log));
+    let upid = spawn(app, ctx, "vzdestroy", vmid, move |log| {
+        node.destroy(vmid, log)
+    });
     Ok(Reply::data(json!(upid)))
 }
 
 fn power(app: &App, ctx: &Ctx, action: &str) -> ApiResult<Reply> {
     let vmid = vmid(ctx)?;
-    let priv_ = if action == "start" || action == "stop" || action == "shutdown" || action == "reboot" {
-        "VM.PowerMgmt"
-    } else {
-        return Err(ApiError::new(501, format!("Method 'POST /{}' not implemented", ctx.segs.join("/"))));
-    };
+    let priv_ =
+        if action == "start" || action == "stop" || action == "shutdown" || action == "reboot" {
+            "VM.PowerMgmt"
+        } else {
+            return Err(ApiError::new(
+                501,
+                format!("Method 'POST /{}' not implemented", ctx.segs.join("/")),
+            ));
+        };
     ctx.user.check(&format!("/vms/{vmid}"), &[priv_])?;
     app.node.load(vmid)?;
     let running = app.node.is_running(vmid);
@@ -209,28 +243,45 @@ fn power(app: &App, ctx: &Ctx, action: &str) -> ApiResult<Reply> {
             }
             spawn(app, ctx, "vzstart", vmid, move |log| node.start(vmid, log))
         }
-        "stop" | "shutdown" if !running => return Err(ApiError::die(format!("CT {vmid} not running"))),
+        "stop" | "shutdown" if !running => {
+            return Err(ApiError::die(format!("CT {vmid} not running")));
+        }
         "stop" => spawn(app, ctx, "vzstop", vmid, move |log| node.stop(vmid, log)),
-        "shutdown" => spawn(app, ctx, "vzshutdown", vmid, move |log| node.shutdown(vmid, timeout, force, log)),
+        "shutdown" => spawn(app, ctx, "vzshutdown", vmid, move |log| {
+            node.shutdown(vmid, timeout, force, log)
+        }),
         _ => {
             // Proxmox's reboot says "VM", not "CT", here.
             if !running {
                 return Err(ApiError::die(format!("VM {vmid} not running")));
             }
-            spawn(app, ctx, "vzreboot", vmid, move |log| node.reboot(vmid, timeout, log))
+            spawn(app, ctx, "vzreboot", vmid, move |log| {
+                node.reboot(vmid, timeout, log)
+            })
         }
     };
     Ok(Reply::data(json!(upid)))
 }
 
 /// Config as JSON: typed values, `description`, `lxc` pairs and `digest`.
-fn config_json(props: &BTreeMap<String, String>, conf: &CtConfig, lxc: &[(String, String)]) -> Value {
+fn config_json(
+    props: &BTreeMap<String, String>,
+    conf: &CtConfig,
+    lxc: &[(String, String)],
+) -> Value {
     let mut obj = Map::new();
     for (k, v) in props {
         obj.insert(k.clone(), to_json(k, v));
     }
     if !lxc.is_empty() {
-        obj.insert("lxc".into(), json!(lxc.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect::<Vec<_>>()));
+        obj.insert(
+            "lxc".into(),
+            json!(
+                lxc.iter()
+                    .map(|(k, v)| vec![k.clone(), v.clone()])
+                    .collect::<Vec<_>>()
+            ),
+        );
     }
     obj.insert("digest".into(), json!(conf.digest));
     Value::Object(obj)
@@ -241,7 +292,10 @@ fn get_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Audit"])?;
     let conf = app.node.load(vmid)?;
     if let Some(snap) = ctx.params.str("snapshot") {
-        let s = conf.snapshots.get(&snap).ok_or_else(|| ApiError::die(format!("snapshot '{snap}' does not exist")))?;
+        let s = conf
+            .snapshots
+            .get(&snap)
+            .ok_or_else(|| ApiError::die(format!("snapshot '{snap}' does not exist")))?;
         return Ok(Reply::data(config_json(&s.props, &conf, &s.lxc)));
     }
     let mut props = conf.main.props.clone();
@@ -271,13 +325,28 @@ fn put_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     let revert = split_list(&p.str("revert").unwrap_or_default());
     for k in &delete {
         if set.contains_key(k) {
-            return Err(ApiError::param("delete", format!("you can't use '-{k}' and -delete {k}' at the same time")));
+            return Err(ApiError::param(
+                "delete",
+                format!("you can't use '-{k}' and -delete {k}' at the same time"),
+            ));
         }
     }
     let conf = app.node.load(vmid)?;
     let unprivileged = conf.get("unprivileged") == Some("1");
-    check_modify(&ctx.user, vmid, Some(&conf.main.props), &set, &delete, unprivileged)?;
-    let upd = ConfigUpdate { set, delete, revert, digest: p.str("digest") };
+    check_modify(
+        &ctx.user,
+        vmid,
+        Some(&conf.main.props),
+        &set,
+        &delete,
+        unprivileged,
+    )?;
+    let upd = ConfigUpdate {
+        set,
+        delete,
+        revert,
+        digest: p.str("digest"),
+    };
     app.node.update_config(vmid, &upd, &|_| {})?;
     Ok(Reply::data(Value::Null))
 }
@@ -287,7 +356,12 @@ fn pending(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Audit"])?;
     let conf = app.node.load(vmid)?;
     let deletes = conf.pending_delete();
-    let mut keys: Vec<&String> = conf.main.props.keys().chain(conf.pending.props.keys()).collect();
+    let mut keys: Vec<&String> = conf
+        .main
+        .props
+        .keys()
+        .chain(conf.pending.props.keys())
+        .collect();
     keys.sort();
     keys.dedup();
     let mut out = Vec::new();

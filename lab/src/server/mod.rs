@@ -56,7 +56,11 @@ pub struct Certificate {
 
 /// Makes the self-signed certificate for the node.
 pub fn make_certificate(node: &str) -> Result<Certificate> {
-    let names = vec![node.to_string(), "localhost".to_string(), "127.0.0.1".to_string()];
+    let names = vec![
+        node.to_string(),
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+    ];
     let cert = rcgen::generate_simple_self_signed(names).context("making the certificate")?;
     let cert_der = cert.cert.der().to_vec();
     let fingerprint = crate::client::fingerprint(&cert_der);
@@ -77,7 +81,13 @@ fn load_or_make_certificate(lab: &Settings) -> Result<Certificate> {
     if let (Ok(c), Ok(k)) = (std::fs::read(&cert_der), std::fs::read(&key_der)) {
         let fingerprint = crate::client::fingerprint(&c);
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-        return Ok(Certificate { cert_pem: read("pve-ssl.pem"), key_pem: read("pve-ssl.key"), cert_der: c, key_der: k, fingerprint });
+        return Ok(Certificate {
+            cert_pem: read("pve-ssl.pem"),
+            key_pem: read("pve-ssl.key"),
+            cert_der: c,
+            key_der: k,
+            fingerprint,
+        });
     }
     let cert = make_certificate(&lab.node)?;
     std::fs::write(dir.join("pve-ssl.pem"), &cert.cert_pem)?;
@@ -98,7 +108,10 @@ pub async fn serve(lab: Settings) -> Result<()> {
         None => Err("../shared/pve-api not found".to_string()),
     };
     match &schema {
-        Ok(_) => eprintln!("pve-lab: schema validation on ({})", lab.schema.as_ref().expect("set").display()),
+        Ok(_) => eprintln!(
+            "pve-lab: schema validation on ({})",
+            lab.schema.as_ref().expect("set").display()
+        ),
         Err(why) => eprintln!("pve-lab: schema validation skipped: {why}"),
     }
     let faults = faults::Faults::from_env()?;
@@ -110,14 +123,22 @@ pub async fn serve(lab: Settings) -> Result<()> {
         schema,
     });
 
-    let certs = vec![rustls::pki_types::CertificateDer::from(cert.cert_der.clone())];
+    let certs = vec![rustls::pki_types::CertificateDer::from(
+        cert.cert_der.clone(),
+    )];
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_der.clone().into());
-    let tls = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key)?;
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let addr = SocketAddr::from(([127, 0, 0, 1], lab.api_port));
-    let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
     let mirror_addr = SocketAddr::from((lab.bridge_ip(), lab.mirror_port));
-    let mirror = TcpListener::bind(mirror_addr).await.with_context(|| format!("binding {mirror_addr}"))?;
+    let mirror = TcpListener::bind(mirror_addr)
+        .await
+        .with_context(|| format!("binding {mirror_addr}"))?;
     tokio::spawn(mirror::serve(mirror, lab.mirror_dir.clone()));
     eprintln!("pve-lab: listening on https://{addr}/api2/json, mirror on http://{mirror_addr}/");
 
@@ -131,9 +152,13 @@ pub async fn serve(lab: Settings) -> Result<()> {
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(tcp).await else { return };
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
             let svc = service_fn(move |req| router::handle(app.clone(), req));
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
     eprintln!("pve-lab: stopping");

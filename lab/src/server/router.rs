@@ -51,15 +51,30 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     };
     let path = parts.uri.path().to_string();
     let Some(rel) = path.strip_prefix("/api2/json") else {
-        return Ok(respond(Err(ApiError::new(501, format!("Unsupported format '{path}'")))));
+        return Ok(respond(Err(ApiError::new(
+            501,
+            format!("Unsupported format '{path}'"),
+        ))));
     };
-    let rel = if rel.is_empty() { "/".to_string() } else { rel.to_string() };
+    let rel = if rel.is_empty() {
+        "/".to_string()
+    } else {
+        rel.to_string()
+    };
     let segs: Vec<String> = rel
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(|s| form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes()).next().map(|(_, v)| v.into_owned()).unwrap_or_default())
+        .map(|s| {
+            form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        })
         .collect();
-    let ctype = parts.headers.get("content-type").and_then(|h| h.to_str().ok());
+    let ctype = parts
+        .headers
+        .get("content-type")
+        .and_then(|h| h.to_str().ok());
     let params = match Params::parse(parts.uri.query(), ctype, &body) {
         Ok(p) => p,
         Err(e) => return Ok(respond(Err(e))),
@@ -69,8 +84,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
 
     if method == Method::POST && segs == ["access", "ticket"] {
         let p = &params;
-        let r = super::auth::login(&app.secrets, p.str("username").as_deref(), p.str("password").as_deref(), p.str("realm").as_deref())
-            .map(Reply::data);
+        let r = super::auth::login(
+            &app.secrets,
+            p.str("username").as_deref(),
+            p.str("password").as_deref(),
+            p.str("realm").as_deref(),
+        )
+        .map(Reply::data);
         return Ok(respond(r));
     }
     let user = match super::auth::authenticate(&app.secrets, &parts.headers, is_write) {
@@ -79,17 +99,25 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     };
     let private = segs.first().map(String::as_str) == Some("lab");
     let mut task_fault = None;
-    if !private {
-        if let Some((fault, delay)) = app.faults.take(method.as_str(), &rel, &params.0, &app.node.lab.lock_dir) {
-            tokio::time::sleep(delay).await;
-            match fault {
-                Fault::Drop => return Err(Dropped),
-                Fault::Respond(e) => return Ok(respond(Err(e))),
-                Fault::Task(t) => task_fault = Some(t),
-            }
+    if !private
+        && let Some((fault, delay)) =
+            app.faults
+                .take(method.as_str(), &rel, &params.0, &app.node.lab.lock_dir)
+    {
+        tokio::time::sleep(delay).await;
+        match fault {
+            Fault::Drop => return Err(Dropped),
+            Fault::Respond(e) => return Ok(respond(Err(e))),
+            Fault::Task(t) => task_fault = Some(t),
         }
     }
-    let mut ctx = Ctx { method, segs, params, user, task_fault };
+    let mut ctx = Ctx {
+        method,
+        segs,
+        params,
+        user,
+        task_fault,
+    };
     let seg_refs: Vec<&str> = ctx.segs.iter().map(String::as_str).collect();
     let schema_info = match (&app.schema, private) {
         (Ok(schema), false) => match schema.method(&seg_refs, ctx.method.as_str()) {
@@ -102,7 +130,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
             }
             None => {
                 let m = ctx.method.as_str();
-                return Ok(respond(Err(ApiError::new(501, format!("Method '{m} {rel}' not implemented")))));
+                return Ok(respond(Err(ApiError::new(
+                    501,
+                    format!("Method '{m} {rel}' not implemented"),
+                ))));
             }
         },
         _ => None,
@@ -114,7 +145,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     let result = match (result, schema_info, &app.schema) {
         (Ok(reply), Some(info), Ok(schema)) => match schema.check_returns(info, &reply.data) {
             Ok(()) => Ok(reply),
-            Err(e) => Err(ApiError::die(format!("lab: response does not match the API schema: {e}"))),
+            Err(e) => Err(ApiError::die(format!(
+                "lab: response does not match the API schema: {e}"
+            ))),
         },
         (r, _, _) => r,
     };
@@ -125,17 +158,28 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
 fn add_path_params(tmpl: &str, segs: &[&str], params: &mut Params) {
     for (t, s) in tmpl.split('/').filter(|s| !s.is_empty()).zip(segs) {
         if let Some(name) = t.strip_prefix('{').and_then(|t| t.strip_suffix('}')) {
-            params.0.insert(name.to_string(), Value::String((*s).to_string()));
+            params
+                .0
+                .insert(name.to_string(), Value::String((*s).to_string()));
         }
     }
 }
 
 fn not_implemented(ctx: &Ctx) -> ApiError {
-    ApiError::new(501, format!("Method '{} /{}' not implemented", ctx.method, ctx.segs.join("/")))
+    ApiError::new(
+        501,
+        format!(
+            "Method '{} /{}' not implemented",
+            ctx.method,
+            ctx.segs.join("/")
+        ),
+    )
 }
 
 fn subdirs(names: &[&str]) -> Reply {
-    Reply::data(Value::Array(names.iter().map(|n| json!({ "subdir": n })).collect()))
+    Reply::data(Value::Array(
+        names.iter().map(|n| json!({ "subdir": n })).collect(),
+    ))
 }
 
 /// Routes to the handler of the request's API area.
@@ -155,12 +199,18 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
         (Method::GET, ["version"]) => super::cluster::version(),
         (Method::GET, ["cluster", "nextid"]) => super::cluster::nextid(app, &ctx),
         (Method::GET, ["nodes"]) => super::cluster::nodes(app),
-        (Method::GET, ["nodes", _]) => Ok(subdirs(&["lxc", "storage", "tasks", "status", "version"])),
+        (Method::GET, ["nodes", _]) => {
+            Ok(subdirs(&["lxc", "storage", "tasks", "status", "version"]))
+        }
         (Method::GET, ["nodes", _, "tasks"]) => app.tasks.list(&ctx.params),
         (Method::GET, ["nodes", _, "tasks", upid, "status"]) => app.tasks.status(upid),
         (Method::GET, ["nodes", _, "tasks", upid, "log"]) => app.tasks.log(upid, &ctx.params),
-        (_, ["nodes", _, "lxc", ..]) => super::lxc::route(app, &ctx, &s[2..]).unwrap_or_else(|| Err(not_implemented(&ctx))),
-        (_, ["nodes", _, "storage", ..]) => super::storage::route(app, &ctx, &s[2..]).unwrap_or_else(|| Err(not_implemented(&ctx))),
+        (_, ["nodes", _, "lxc", ..]) => {
+            super::lxc::route(app, &ctx, &s[2..]).unwrap_or_else(|| Err(not_implemented(&ctx)))
+        }
+        (_, ["nodes", _, "storage", ..]) => {
+            super::storage::route(app, &ctx, &s[2..]).unwrap_or_else(|| Err(not_implemented(&ctx)))
+        }
         (m, ["lab", "faults"]) => faults(app, &ctx, m),
         (Method::GET, ["lab", "status"]) => Ok(Reply::data(json!({
             "schema": match &app.schema { Ok(_) => "on".to_string(), Err(why) => format!("skipped: {why}") },
@@ -176,7 +226,9 @@ fn faults(app: &App, ctx: &Ctx, m: Method) -> ApiResult<Reply> {
         return Err(ApiError::perm(Some("/lab/faults, Sys.Modify")));
     }
     match m {
-        Method::GET => Ok(Reply::data(serde_json::to_value(app.faults.list()).expect("rules serialise"))),
+        Method::GET => Ok(Reply::data(
+            serde_json::to_value(app.faults.list()).expect("rules serialise"),
+        )),
         Method::DELETE => {
             app.faults.clear();
             Ok(Reply::data(Value::Null))

@@ -8,11 +8,15 @@ fn re(p: &str, s: &str) -> bool {
 }
 
 fn cidr4(s: &str) -> bool {
-    s.split_once('/').is_some_and(|(a, l)| a.parse::<Ipv4Addr>().is_ok() && l.parse::<u8>().is_ok_and(|l| l <= 32))
+    s.split_once('/').is_some_and(|(a, l)| {
+        a.parse::<Ipv4Addr>().is_ok() && l.parse::<u8>().is_ok_and(|l| l <= 32)
+    })
 }
 
 fn cidr6(s: &str) -> bool {
-    s.split_once('/').is_some_and(|(a, l)| a.parse::<Ipv6Addr>().is_ok() && l.parse::<u8>().is_ok_and(|l| l <= 128))
+    s.split_once('/').is_some_and(|(a, l)| {
+        a.parse::<Ipv6Addr>().is_ok() && l.parse::<u8>().is_ok_and(|l| l <= 128)
+    })
 }
 
 const DNS: &str = r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)$";
@@ -23,7 +27,10 @@ pub fn check_named_format(name: &str, s: &str) -> Result<(), String> {
     let list = name.ends_with("-list");
     if list {
         let item = name.trim_end_matches("-list");
-        for part in s.split(|c: char| c == ',' || c == ';' || c == '\0' || c.is_whitespace()).filter(|p| !p.is_empty()) {
+        for part in s
+            .split(|c: char| c == ',' || c == ';' || c == '\0' || c.is_whitespace())
+            .filter(|p| !p.is_empty())
+        {
             check_one(item, part)?;
         }
         return Ok(());
@@ -39,7 +46,9 @@ fn check_one(name: &str, s: &str) -> Result<(), String> {
         "pve-configid" => re(CONFIGID, s),
         "pve-poolid" => re(r"^[A-Za-z0-9_\-]+$", s),
         "pve-realm" => re(r"^[A-Za-z][A-Za-z0-9\.\-_]+$", s),
-        "pve-volume-id" => s.split_once(':').is_some_and(|(sid, v)| !v.is_empty() && re(r"^(?i:[a-z][a-z0-9\-_.]*[a-z0-9])$", sid)),
+        "pve-volume-id" => s
+            .split_once(':')
+            .is_some_and(|(sid, v)| !v.is_empty() && re(r"^(?i:[a-z][a-z0-9\-_.]*[a-z0-9])$", sid)),
         "dns-name" => re(DNS, s),
         "ipv4" => s.parse::<Ipv4Addr>().is_ok(),
         "ipv6" => s.parse::<Ipv6Addr>().is_ok(),
@@ -47,7 +56,10 @@ fn check_one(name: &str, s: &str) -> Result<(), String> {
         "pve-ipv4-config" => s == "dhcp" || s == "manual" || cidr4(s),
         "pve-ipv6-config" => ["auto", "dhcp", "manual"].contains(&s) || cidr6(s),
         "pve-tag" => re(r"^(?i:[a-z0-9_][a-z0-9_\-+.]*)$", s),
-        "pve-storage-content" => ["images", "rootdir", "vztmpl", "iso", "backup", "snippets", "import"].contains(&s),
+        "pve-storage-content" => [
+            "images", "rootdir", "vztmpl", "iso", "backup", "snippets", "import",
+        ]
+        .contains(&s),
         "pve-lxc-mp-string" => !s.contains(',') && !s.is_empty(),
         "pve-lxc-dev-string" => s.starts_with("/dev/") && !s.contains(".."),
         "disk-size" => re(r"^\d+(?:\.\d+)?[KMGT]?$", s),
@@ -61,17 +73,21 @@ fn check_one(name: &str, s: &str) -> Result<(), String> {
         return Ok(());
     }
     Err(match name {
-        "pve-vmid" => format!("value does not look like a valid VM ID"),
-        "pve-node" => format!("value does not look like a valid node name"),
+        "pve-vmid" => "value does not look like a valid VM ID".to_string(),
+        "pve-node" => "value does not look like a valid node name".to_string(),
         "pve-storage-id" => format!("storage ID '{s}' contains illegal characters"),
         "pve-configid" => format!("invalid configuration ID '{s}'"),
         "pve-volume-id" => format!("unable to parse volume ID '{s}'"),
-        "dns-name" => format!("value does not look like a valid DNS name"),
-        "ipv4" => format!("value does not look like a valid IPv4 address"),
-        "ipv6" => format!("value does not look like a valid IPv6 address"),
-        "mac-addr" => format!("value does not look like a valid unicast MAC address"),
-        "pve-ipv4-config" => format!("value does not look like a valid ipv4 network configuration"),
-        "pve-ipv6-config" => format!("value does not look like a valid ipv6 network configuration"),
+        "dns-name" => "value does not look like a valid DNS name".to_string(),
+        "ipv4" => "value does not look like a valid IPv4 address".to_string(),
+        "ipv6" => "value does not look like a valid IPv6 address".to_string(),
+        "mac-addr" => "value does not look like a valid unicast MAC address".to_string(),
+        "pve-ipv4-config" => {
+            "value does not look like a valid ipv4 network configuration".to_string()
+        }
+        "pve-ipv6-config" => {
+            "value does not look like a valid ipv6 network configuration".to_string()
+        }
         "pve-tag" => format!("invalid tag '{s}'"),
         _ => format!("value does not look like a valid {name}"),
     })

@@ -69,14 +69,20 @@ pub struct Tasks {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Clock ticks since boot at which this process started (`/proc/self/stat`, field 22).
 fn own_pstart() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    after.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
+    after
+        .split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 impl Tasks {
@@ -113,14 +119,23 @@ impl Tasks {
             user: user.to_string(),
         };
         let text = upid.encode();
-        let task = Arc::new(Task { upid, text: text.clone(), state: Mutex::default() });
-        self.map.lock().expect("tasks lock").insert(text.clone(), task.clone());
+        let task = Arc::new(Task {
+            upid,
+            text: text.clone(),
+            state: Mutex::default(),
+        });
+        self.map
+            .lock()
+            .expect("tasks lock")
+            .insert(text.clone(), task.clone());
         tokio::task::spawn_blocking(move || {
             let log = |l: &str| task.push(l);
             let res = match fault {
                 Some(TaskFault::Error(msg)) => Err(ApiError::die(msg)),
                 Some(TaskFault::Slow(d, hold)) => {
-                    let held = lock_path.filter(|_| hold).map(|p| crate::node::ConfigLock::acquire(&p, Duration::from_secs(30)));
+                    let held = lock_path
+                        .filter(|_| hold)
+                        .map(|p| crate::node::ConfigLock::acquire(&p, Duration::from_secs(30)));
                     std::thread::sleep(d);
                     drop(held);
                     work(&log)
@@ -153,7 +168,12 @@ impl Tasks {
     }
 
     fn get(&self, upid: &str) -> ApiResult<Arc<Task>> {
-        self.map.lock().expect("tasks lock").get(upid).cloned().ok_or_else(|| ApiError::die("no such task"))
+        self.map
+            .lock()
+            .expect("tasks lock")
+            .get(upid)
+            .cloned()
+            .ok_or_else(|| ApiError::die("no such task"))
     }
 
     /// `GET /nodes/{node}/tasks/{upid}/status`.
@@ -175,7 +195,10 @@ impl Tasks {
             .take(limit)
             .map(|(i, t)| json!({ "n": i + 1, "t": t }))
             .collect();
-        Ok(Reply { data: Value::Array(lines), total: Some(st.log.len() as u64) })
+        Ok(Reply {
+            data: Value::Array(lines),
+            total: Some(st.log.len() as u64),
+        })
     }
 
     /// `GET /nodes/{node}/tasks`, newest first.

@@ -13,11 +13,18 @@ use serde_json::Value;
 pub fn lab() -> &'static LabEnv {
     static LAB: OnceLock<LabEnv> = OnceLock::new();
     LAB.get_or_init(|| {
-        let lab = LabEnv::from_env_or_up().expect("the lab must come up (run as root after scripts/lab-deps)");
-        let status = lab.root_api().and_then(|c| c.call("GET", "/lab/status", &[]).map_err(|e| anyhow::anyhow!("{e}")));
+        let lab = LabEnv::from_env_or_up()
+            .expect("the lab must come up (run as root after scripts/lab-deps)");
+        let status = lab.root_api().and_then(|c| {
+            c.call("GET", "/lab/status", &[])
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        });
         match status {
             Ok(s) if s["schema"] == "on" => eprintln!("lab: schema conformance layer: on"),
-            Ok(s) => eprintln!("lab: schema conformance layer SKIPPED ({})", s["schema"].as_str().unwrap_or("")),
+            Ok(s) => eprintln!(
+                "lab: schema conformance layer SKIPPED ({})",
+                s["schema"].as_str().unwrap_or("")
+            ),
             Err(e) => panic!("lab status: {e}"),
         }
         lab
@@ -26,7 +33,12 @@ pub fn lab() -> &'static LabEnv {
 
 /// True when requests are checked against the official schema.
 pub fn schema_on() -> bool {
-    lab().root_api().unwrap().call("GET", "/lab/status", &[]).unwrap()["schema"] == "on"
+    lab()
+        .root_api()
+        .unwrap()
+        .call("GET", "/lab/status", &[])
+        .unwrap()["schema"]
+        == "on"
 }
 
 /// The token client.
@@ -46,19 +58,31 @@ pub fn node(path: &str) -> String {
 
 /// Waits for a task; returns its exit status.
 pub fn wait(c: &PveClient, upid: &Value) -> String {
-    c.wait_task(lab().node(), upid.as_str().expect("a UPID"), Duration::from_secs(120)).expect("task status")
+    c.wait_task(
+        lab().node(),
+        upid.as_str().expect("a UPID"),
+        Duration::from_secs(120),
+    )
+    .expect("task status")
 }
 
 /// Calls and waits for the task the call starts; its exit status.
 pub fn run_task(c: &PveClient, method: &str, path: &str, params: &[(&str, &str)]) -> String {
-    let upid = c.call(method, path, params).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let upid = c
+        .call(method, path, params)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
     wait(c, &upid)
 }
 
 /// Asserts an API error's status and message.
 pub fn assert_err(r: Result<Value, ApiError>, status: u16, message: &str) -> ApiError {
     let e = r.expect_err("the call must fail");
-    assert_eq!((e.status, e.message.as_str()), (status, message), "errors: {:?}", e.errors);
+    assert_eq!(
+        (e.status, e.message.as_str()),
+        (status, message),
+        "errors: {:?}",
+        e.errors
+    );
     e
 }
 
@@ -66,13 +90,24 @@ pub fn assert_err(r: Result<Value, ApiError>, status: u16, message: &str) -> Api
 pub fn ip_for(vmid: u32) -> String {
     assert!((9000..9080).contains(&vmid));
     let cidr = &lab().vars["LAB_BRIDGE_CIDR"];
-    let base = cidr.split('/').next().unwrap().rsplit_once('.').unwrap().0.to_string();
+    let base = cidr
+        .split('/')
+        .next()
+        .unwrap()
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_string();
     format!("{base}.{}", vmid - 9000 + 20)
 }
 
 /// Gateway (bridge address).
 pub fn gw() -> String {
-    lab().vars["LAB_BRIDGE_CIDR"].split('/').next().unwrap().to_string()
+    lab().vars["LAB_BRIDGE_CIDR"]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 /// Create parameters for a container with a fixed vmid.
@@ -81,7 +116,15 @@ pub fn create_params(vmid: u32) -> Vec<(String, String)> {
     vec![
         ("vmid".into(), vmid.to_string()),
         ("ostemplate".into(), lab().vars["LAB_TEMPLATE"].clone()),
-        ("net0".into(), format!("name=eth0,bridge={},ip={}/24,gw={}", lab().vars["LAB_BRIDGE"], ip_for(vmid), gw())),
+        (
+            "net0".into(),
+            format!(
+                "name=eth0,bridge={},ip={}/24,gw={}",
+                lab().vars["LAB_BRIDGE"],
+                ip_for(vmid),
+                gw()
+            ),
+        ),
         ("rootfs".into(), "local:4".into()),
         ("ssh-public-keys".into(), key),
     ]
@@ -100,12 +143,20 @@ impl Drop for Cleanup {
         let c = root();
         let base = node(&format!("/lxc/{}", self.0));
         if let Ok(u) = c.call("POST", &format!("{base}/status/stop"), &[]) {
-            let _ = c.wait_task(lab().node(), u.as_str().unwrap_or(""), Duration::from_secs(30));
+            let _ = c.wait_task(
+                lab().node(),
+                u.as_str().unwrap_or(""),
+                Duration::from_secs(30),
+            );
         }
         for _ in 0..100 {
             match c.call("DELETE", &base, &[]) {
                 Ok(u) => {
-                    let _ = c.wait_task(lab().node(), u.as_str().unwrap_or(""), Duration::from_secs(60));
+                    let _ = c.wait_task(
+                        lab().node(),
+                        u.as_str().unwrap_or(""),
+                        Duration::from_secs(60),
+                    );
                     return;
                 }
                 Err(e) if e.message.contains("does not exist") => return,
@@ -118,8 +169,24 @@ impl Drop for Cleanup {
 /// Runs `ssh root@ip cmd` with the lab key; stdout on success.
 pub fn ssh(ip: &str, cmd: &str) -> std::process::Output {
     std::process::Command::new("ssh")
-        .args(["-i", &lab().key_path().display().to_string(), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
-        .args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", &format!("root@{ip}"), cmd])
+        .args([
+            "-i",
+            &lab().key_path().display().to_string(),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+        ])
+        .args([
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            &format!("root@{ip}"),
+            cmd,
+        ])
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap()
