@@ -34,6 +34,7 @@ impl Node {
             .get("hostname")
             .map_or(format!("CT{vmid}"), str::to_string);
         write_hostname(&root, &hostname)?;
+        forget_neighbours(&conf);
         let logfile = dir.join("console.log");
         let res = run(Command::new("lxc-start")
             .arg("-P")
@@ -115,6 +116,20 @@ impl Node {
             .args(["-n", &vmid.to_string()])
             .args(args))
         .map(|_| ())
+    }
+}
+
+/// Drops the host's ARP entries for the container's addresses: a recreated container reuses
+/// an address with a new MAC, and a stale entry would stall connections for seconds.
+fn forget_neighbours(conf: &crate::pve::config::CtConfig) {
+    for (key, value) in &conf.main.props {
+        if !crate::pve::options::indexed(key, "net") {
+            continue;
+        }
+        let net = crate::pve::propstr::parse(&crate::pve::propstr::NET, value).unwrap_or_default();
+        if let Some(ip) = net.get("ip").and_then(|ip| ip.split('/').next()) {
+            let _ = Command::new("ip").args(["neigh", "flush", "to", ip]).output();
+        }
     }
 }
 
