@@ -1,0 +1,15 @@
+//! A Proxmox VE node simulator whose containers are real LXC containers.
+//!
+//! `pve-lab serve` answers the Proxmox API on 127.0.0.1:8006; `pve-lab up` starts it with a
+//! lab bridge, a node sshd with `pct` on its PATH, and a static mirror for containers.
+//! [`testkit`] gives other crates' tests real containers through the same API.
+
+pub mod client;
+pub mod control;
+pub mod error;
+pub mod node;
+pub mod paths;
+pub mod pct;
+pub mod pve;
+pub mod server;
+pub mod testkit;

@@ -1,0 +1,203 @@
+//! Where the lab keeps its state, and the settings chosen at `lab up`.
+//!
+//! Everything lives under one directory (`LAB_DIR`, default `/var/lib/provision-lab`), except
+//! the config locks, which sit where Proxmox keeps them (`/run/lock/lxc`).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// Default state directory.
+pub const DEFAULT_DIR: &str = "/var/lib/provision-lab";
+/// Where `scripts/lab-deps` caches the Debian template.
+pub const DEFAULT_CACHE: &str = "/var/cache/provision-lab";
+
+/// The lab's settings, fixed at `up` and saved as `settings.json` in the state directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Settings {
+    /// State directory.
+    pub dir: PathBuf,
+    /// Node name (`lab`).
+    pub node: String,
+    /// Host bridge the containers' `net0` attaches to.
+    pub bridge: String,
+    /// Bridge address with prefix, e.g. `10.77.0.1/24`.
+    pub bridge_cidr: String,
+    /// HTTPS API port on 127.0.0.1.
+    pub api_port: u16,
+    /// Node sshd port on 127.0.0.1.
+    pub ssh_port: u16,
+    /// Static mirror port on the bridge address.
+    pub mirror_port: u16,
+    /// Directory of the `pve-config-<vmid>.lock` files.
+    pub lock_dir: PathBuf,
+    /// Template cache filled by `scripts/lab-deps`.
+    pub cache_dir: PathBuf,
+    /// Host data standing for `/shared`; survives `reinstall`.
+    pub shared_dir: PathBuf,
+    /// Directory served by the mirror.
+    pub mirror_dir: PathBuf,
+    /// Official API schema, when `../shared/pve-api` exists.
+    pub schema: Option<PathBuf>,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn env_port(name: &str, default: u16) -> Result<u16> {
+    let v = env_or(name, &default.to_string());
+    v.parse()
+        .with_context(|| format!("{name}={v} is not a port number"))
+}
+
+impl Settings {
+    /// Settings from the environment (`LAB_DIR`, `LAB_BRIDGE`, `LAB_BRIDGE_CIDR`, ...).
+    pub fn from_env() -> Result<Settings> {
+        let dir = PathBuf::from(env_or("LAB_DIR", DEFAULT_DIR));
+        let schema = std::env::var_os("LAB_PVE_SCHEMA")
+            .map(PathBuf::from)
+            .filter(|p| p.exists());
+        let s = Settings {
+            node: env_or("LAB_NODE", "lab"),
+            bridge: env_or("LAB_BRIDGE", "vmbr0"),
+            bridge_cidr: env_or("LAB_BRIDGE_CIDR", "10.77.0.1/24"),
+            api_port: env_port("LAB_API_PORT", 8006)?,
+            ssh_port: env_port("LAB_SSH_PORT", 2222)?,
+            mirror_port: env_port("LAB_MIRROR_PORT", 8080)?,
+            lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", "/run/lock/lxc")),
+            cache_dir: PathBuf::from(env_or("LAB_CACHE_DIR", DEFAULT_CACHE)),
+            shared_dir: PathBuf::from(env_or(
+                "LAB_SHARED_DIR",
+                &dir.join("shared").to_string_lossy(),
+            )),
+            mirror_dir: PathBuf::from(env_or(
+                "LAB_MIRROR_DIR",
+                &dir.join("mirror").to_string_lossy(),
+            )),
+            schema,
+            dir,
+        };
+        s.bridge_net()?;
+        Ok(s)
+    }
+
+    /// Reads the settings saved by `up` in `dir`.
+    pub fn load(dir: &Path) -> Result<Settings> {
+        let path = dir.join("settings.json");
+        let raw = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&raw).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Saves the settings into the state directory.
+    pub fn save(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let raw = serde_json::to_string_pretty(self)?;
+        std::fs::write(self.dir.join("settings.json"), raw + "\n")?;
+        Ok(())
+    }
+
+    /// The bridge address and prefix length.
+    pub fn bridge_net(&self) -> Result<(Ipv4Addr, u8)> {
+        let Some((ip, len)) = self.bridge_cidr.split_once('/') else {
+            bail!("LAB_BRIDGE_CIDR={} is not ADDRESS/PREFIX", self.bridge_cidr);
+        };
+        let ip: Ipv4Addr = ip
+            .parse()
+            .with_context(|| format!("bad address in {}", self.bridge_cidr))?;
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| (8..=30).contains(l))
+            .with_context(|| {
+                format!(
+                    "prefix of LAB_BRIDGE_CIDR={} must be 8..30",
+                    self.bridge_cidr
+                )
+            })?;
+        Ok((ip, len))
+    }
+
+    /// The bridge address (the containers' gateway and the mirror's address).
+    pub fn bridge_ip(&self) -> Ipv4Addr {
+        self.bridge_net()
+            .map(|(ip, _)| ip)
+            .unwrap_or(Ipv4Addr::new(10, 77, 0, 1))
+    }
+
+    /// Node config root, the lab's `/etc/pve`.
+    pub fn pve_root(&self) -> PathBuf {
+        self.dir.join("etc/pve")
+    }
+
+    /// Directory of the container configs (`nodes/<node>/lxc`).
+    pub fn conf_dir(&self) -> PathBuf {
+        self.pve_root().join("nodes").join(&self.node).join("lxc")
+    }
+
+    /// Config file of one container.
+    pub fn conf_path(&self, vmid: u32) -> PathBuf {
+        self.conf_dir().join(format!("{vmid}.conf"))
+    }
+
+    /// The config path as Proxmox names it in messages (`nodes/lab/lxc/129.conf`).
+    pub fn conf_name(&self, vmid: u32) -> String {
+        format!("nodes/{}/lxc/{vmid}.conf", self.node)
+    }
+
+    /// LXC's `-P` directory: one generated LXC config per container.
+    pub fn lxc_path(&self) -> PathBuf {
+        self.dir.join("lxc")
+    }
+
+    /// Root of storage `local` (type dir).
+    pub fn storage_dir(&self) -> PathBuf {
+        self.dir.join("storage/local")
+    }
+
+    /// Where `vztmpl` content lives.
+    pub fn template_dir(&self) -> PathBuf {
+        self.storage_dir().join("template/cache")
+    }
+
+    /// Where a container's volumes live.
+    pub fn images_dir(&self, vmid: u32) -> PathBuf {
+        self.storage_dir().join("images").join(vmid.to_string())
+    }
+
+    /// Unpacked templates, so creating a container is a copy rather than an unpack.
+    pub fn unpacked_dir(&self) -> PathBuf {
+        self.dir.join("cache/unpacked")
+    }
+
+    /// Pid files and logs.
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// Keys, passwords, certificate.
+    pub fn secrets_dir(&self) -> PathBuf {
+        self.dir.join("secrets")
+    }
+
+    /// `pct` and the copy of `pve-lab` it runs.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    /// The node's private SSH login key (root).
+    pub fn node_key(&self) -> PathBuf {
+        self.secrets_dir().join("id_ed25519")
+    }
+
+    /// The lock file Proxmox uses for a container's config.
+    pub fn lock_path(&self, vmid: u32) -> PathBuf {
+        self.lock_dir.join(format!("pve-config-{vmid}.lock"))
+    }
+}

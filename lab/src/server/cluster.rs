@@ -1,0 +1,70 @@
+//! `GET /version`, `GET /cluster/nextid`, `GET /nodes`.
+
+use serde_json::json;
+
+use crate::error::{ApiError, ApiResult};
+
+use super::App;
+use super::http::Reply;
+use super::router::Ctx;
+
+/// The Proxmox VE release the lab answers as (that of the schema it is checked against).
+pub const VERSION: &str = "9.1.3";
+
+/// `GET /version`.
+pub fn version() -> ApiResult<Reply> {
+    Ok(Reply::data(
+        json!({ "version": VERSION, "release": "9.1", "repoid": "provision-lab" }),
+    ))
+}
+
+/// `GET /cluster/nextid`: the lowest free id from 100, or a check of the given one.
+/// Proxmox answers it as a string, and so does the lab.
+pub fn nextid(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
+    if let Some(v) = ctx.params.int("vmid")? {
+        let used = u32::try_from(v).is_ok_and(|v| app.node.exists(v));
+        if used {
+            return Err(ApiError::param("vmid", format!("VM {v} already exists")));
+        }
+        return Ok(Reply::data(json!(v.to_string())));
+    }
+    let used = app.node.list();
+    let free = (100u32..)
+        .find(|id| used.binary_search(id).is_err())
+        .expect("some id is free");
+    Ok(Reply::data(json!(free.to_string())))
+}
+
+fn meminfo(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// `GET /nodes`.
+pub fn nodes(app: &App) -> ApiResult<Reply> {
+    let uptime = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split('.').next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total = meminfo("MemTotal:");
+    let fp =
+        std::fs::read_to_string(app.node.lab.secrets_dir().join("fingerprint")).unwrap_or_default();
+    Ok(Reply::data(json!([{
+        "node": app.node.lab.node, "status": "online", "type": "node", "id": format!("node/{}", app.node.lab.node),
+        "level": "", "uptime": uptime, "maxcpu": cpus, "cpu": 0.0,
+        "maxmem": total, "mem": total.saturating_sub(meminfo("MemAvailable:")),
+        "ssl_fingerprint": fp.trim(),
+    }])))
+}

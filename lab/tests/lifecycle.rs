@@ -1,0 +1,165 @@
+//! `up`, `reinstall` and `down` of a second, private lab instance (own directory, ports,
+//! bridge and lock directory), so the shared lab other tests use is never disturbed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use provision_lab::testkit::{ContainerSpec, LabEnv};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pve-lab");
+
+fn pve_lab(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("LAB_DIR", dir)
+        .env("LAB_API_PORT", "18006")
+        .env("LAB_SSH_PORT", "12222")
+        .env("LAB_MIRROR_PORT", "18080")
+        .env("LAB_BRIDGE", "vmbrlt")
+        .env("LAB_BRIDGE_CIDR", "10.78.0.1/24")
+        .env("LAB_LOCK_DIR", dir.join("locks"))
+        .env_remove("LAB_SHARED_DIR")
+        .env_remove("LAB_MIRROR_DIR")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn refuses_clearly_without_root_or_lxc() {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "up",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("error: the lab must run as root") && err.contains("hint: "),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .arg("up")
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("error: `lxc-start` is not installed")
+            && err.contains("hint: run scripts/lab-deps"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reinstall_keeps_shared_data_and_down_leaves_nothing() {
+    let tmp = tempfile::Builder::new()
+        .prefix("lab-lifecycle-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let dir = tmp.path();
+    let t = Instant::now();
+    let up = pve_lab(dir, &["up"]);
+    assert!(up.status.success(), "{}", stderr(&up));
+    eprintln!("second lab up in {:?}", t.elapsed());
+    let lab = LabEnv::from_exports(&String::from_utf8_lossy(&up.stdout));
+    assert_eq!(lab.vars["PVE_URL"], "https://127.0.0.1:18006");
+    let shared = Path::new(&lab.vars["LAB_SHARED_DIR"]).to_path_buf();
+    assert!(shared.starts_with(dir));
+    // `up` again is a no-op that prints the same exports.
+    let again = pve_lab(dir, &["up"]);
+    assert_eq!(
+        LabEnv::from_exports(&String::from_utf8_lossy(&again.stdout)).vars,
+        lab.vars
+    );
+
+    let spec = ContainerSpec {
+        privileged: true,
+        mounts: vec![(shared.clone(), "/shared".into())],
+        ..Default::default()
+    };
+    let ct = lab.create_container(spec).unwrap();
+    ct.ssh_ok("echo model-bytes > /shared/model.bin").unwrap();
+    let vmid = ct.vmid;
+    std::mem::forget(ct); // the reinstall below is what removes it
+
+    let re = pve_lab(dir, &["reinstall"]);
+    assert!(re.status.success(), "{}", stderr(&re));
+    let relab = LabEnv::from_exports(&String::from_utf8_lossy(&re.stdout));
+    assert_ne!(
+        relab.vars["PVE_FINGERPRINT"], lab.vars["PVE_FINGERPRINT"],
+        "a reinstalled node has a new certificate"
+    );
+    assert_eq!(relab.vars["PVE_TOKEN"], lab.vars["PVE_TOKEN"]);
+    assert_eq!(
+        std::fs::read_to_string(shared.join("model.bin")).unwrap(),
+        "model-bytes\n",
+        "the /shared stand-in survives"
+    );
+    let api = relab.api().unwrap();
+    assert_eq!(
+        api.call("GET", "/nodes/lab/lxc", &[]).unwrap(),
+        serde_json::json!([])
+    );
+    assert!(
+        !dir.join(format!("etc/pve/nodes/lab/lxc/{vmid}.conf"))
+            .exists()
+    );
+    assert!(
+        !dir.join("cache/unpacked").exists(),
+        "unpacked templates are wiped"
+    );
+    let content = api
+        .call("GET", "/nodes/lab/storage/local/content", &[])
+        .unwrap();
+    assert!(content.to_string().contains(&relab.vars["LAB_TEMPLATE"]));
+    let ct = relab.create_container(ContainerSpec::default()).unwrap();
+    assert_eq!(ct.ssh_ok("echo rebuilt").unwrap().trim(), "rebuilt");
+    std::mem::forget(ct); // `down` must stop it
+
+    let t = Instant::now();
+    let down = pve_lab(dir, &["down"]);
+    assert!(down.status.success(), "{}", stderr(&down));
+    eprintln!("second lab down in {:?}", t.elapsed());
+    let running = Command::new("lxc-ls")
+        .arg("-P")
+        .arg(dir.join("lxc"))
+        .arg("--running")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&running.stdout).trim(),
+        "",
+        "no container left running"
+    );
+    assert!(
+        !Path::new("/sys/class/net/vmbrlt").exists(),
+        "bridge removed"
+    );
+    // The mirror listened on the bridge address, gone with the bridge; loopback ports are checked.
+    for (port, what) in [(18006, "API"), (12222, "sshd")] {
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "{what} still listening"
+        );
+    }
+    let procs = Command::new("pgrep")
+        .args(["-f", &dir.display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&procs.stdout).trim(),
+        "",
+        "no process of this lab left"
+    );
+}
