@@ -23,7 +23,11 @@ fn pve_lab(bin: &Path, dir: &Path, arg: &str) -> String {
         .env_remove("LAB_MIRROR_DIR")
         .output()
         .expect("pve-lab runs");
-    assert!(out.status.success(), "pve-lab {arg}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pve-lab {arg}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -33,10 +37,16 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let runs: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
     let exe = std::env::current_exe().expect("own path");
     let bin = exe.ancestors().nth(2).expect("target dir").join("pve-lab");
-    assert!(bin.exists(), "build pve-lab first: cargo build --release -p provision-lab");
+    assert!(
+        bin.exists(),
+        "build pve-lab first: cargo build --release -p provision-lab"
+    );
     let dir = Path::new("/var/tmp/lab-bench");
     let (mut ups, mut downs, mut unpriv, mut privd) = (vec![], vec![], vec![], vec![]);
     for i in 0..runs {
@@ -47,20 +57,41 @@ fn main() {
         let lab = LabEnv::from_exports(&env);
         for (privileged, out) in [(false, &mut unpriv), (true, &mut privd)] {
             let t = Instant::now();
-            let ct = lab.create_container(ContainerSpec { privileged, ..Default::default() }).expect("container");
+            let ct = lab
+                .create_container(ContainerSpec {
+                    privileged,
+                    ..Default::default()
+                })
+                .expect("container");
             out.push(t.elapsed());
             drop(ct);
         }
         let t = Instant::now();
         pve_lab(&bin, dir, "down");
         downs.push(t.elapsed());
-        eprintln!("run {}: up {:?}, create→ssh {:?}/{:?}, down {:?}", i + 1, ups[i], unpriv[i], privd[i], downs[i]);
+        eprintln!(
+            "run {}: up {:?}, create→ssh {:?}/{:?}, down {:?}",
+            i + 1,
+            ups[i],
+            unpriv[i],
+            privd[i],
+            downs[i]
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
     println!("| what | median of {runs} |");
     println!("| --- | --- |");
-    println!("| `lab up`, cached template, empty state dir | {:.2} s |", median(ups).as_secs_f64());
-    println!("| create → SSH ready, unprivileged (first after `up`: includes unpacking the template) | {:.2} s |", median(unpriv).as_secs_f64());
-    println!("| create → SSH ready, privileged (template already unpacked) | {:.2} s |", median(privd).as_secs_f64());
+    println!(
+        "| `lab up`, cached template, empty state dir | {:.2} s |",
+        median(ups).as_secs_f64()
+    );
+    println!(
+        "| create → SSH ready, unprivileged (first after `up`: includes unpacking the template) | {:.2} s |",
+        median(unpriv).as_secs_f64()
+    );
+    println!(
+        "| create → SSH ready, privileged (template already unpacked) | {:.2} s |",
+        median(privd).as_secs_f64()
+    );
     println!("| `lab down` | {:.2} s |", median(downs).as_secs_f64());
 }

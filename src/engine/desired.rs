@@ -13,6 +13,7 @@ use crate::render::context::{NodeGpuView, container_context, guest_host};
 use crate::render::roles::RoleSet;
 use crate::resources::apt::AptSpec;
 use crate::resources::container::ContainerSpec;
+use crate::resources::file::FileSpec;
 use crate::resources::{ResourceSpec, TargetKind};
 
 /// Templates and roles for an inventory: its own folders first, then the built-in ones.
@@ -68,6 +69,18 @@ pub fn desired_state(
                 role: None,
             }];
             let mut guest: Vec<Desired> = Vec::new();
+            for source in &ct.apt_sources {
+                guest.push(Desired {
+                    spec: ResourceSpec::File(FileSpec {
+                        path: format!("/etc/apt/sources.list.d/{}.list", source.name.value),
+                        content: format!("# Managed by provision.\n{}\n", source.line.value),
+                        owner: "root".into(),
+                        group: "root".into(),
+                        mode: 0o644,
+                    }),
+                    role: None,
+                });
+            }
             if !ct.packages.is_empty() {
                 guest.push(Desired {
                     spec: ResourceSpec::Apt(AptSpec {
@@ -143,9 +156,12 @@ pub fn desired_state(
     }
 }
 
-/// One apt transaction for all packages (first, since other resources need them), and no
-/// resource declared twice with different content.
+/// APT sources first, then one apt transaction for all packages (other resources need
+/// them), and no resource declared twice with different content.
 fn merge_guest(resources: Vec<Desired>) -> Result<Vec<Desired>, Diagnostic> {
+    let is_source = |d: &Desired| matches!(&d.spec, ResourceSpec::File(f) if f.path.starts_with("/etc/apt/sources.list.d/"));
+    let (sources, resources): (Vec<Desired>, Vec<Desired>) =
+        resources.into_iter().partition(is_source);
     let mut packages = BTreeSet::new();
     let mut apt_roles: Vec<String> = Vec::new();
     let mut rest: Vec<Desired> = Vec::new();
@@ -175,7 +191,7 @@ fn merge_guest(resources: Vec<Desired>) -> Result<Vec<Desired>, Diagnostic> {
         }
         rest.push(d);
     }
-    let mut out = Vec::new();
+    let mut out = sources;
     if !packages.is_empty() {
         out.push(Desired {
             spec: ResourceSpec::Apt(AptSpec {

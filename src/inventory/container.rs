@@ -67,9 +67,13 @@ pub struct Container {
     /// Roles that apply, in order (built-in: gpu-passthrough, cuda, ml-env, model-store, sglang).
     #[serde(default)]
     pub roles: Vec<Sp<Name>>,
-    /// Debian packages to have installed (beyond what roles add).
+    /// APT repositories, configured before any package is installed (a local mirror on
+    /// air-gapped hosts, NVIDIA's CUDA repository).
     #[serde(default)]
-    pub packages: Vec<Sp<Name>>,
+    pub apt_sources: Vec<AptSource>,
+    /// Debian packages to have installed (beyond what roles add): `name` or `name=version`.
+    #[serde(default)]
+    pub packages: Vec<Sp<Text>>,
     /// The CUDA toolkit.
     pub cuda: Option<Cuda>,
     /// The Python environment the models are served from.
@@ -84,6 +88,16 @@ pub struct Container {
 
 fn default_true() -> Sp<bool> {
     Sp::new(true)
+}
+
+/// An APT repository.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AptSource {
+    /// Its name: the file is `/etc/apt/sources.list.d/<name>.list`.
+    pub name: Sp<Name>,
+    /// The one-line entry, e.g. `deb [trusted=yes] http://10.0.0.1/debian ./`.
+    pub line: Sp<Text>,
 }
 
 /// The container's root filesystem.

@@ -320,6 +320,51 @@ impl Validator<'_> {
     }
 
     fn software(&mut self, ct: &Container) {
+        for p in &ct.packages {
+            let (name, version) = match p.as_str().split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (p.as_str(), None),
+            };
+            let name_ok = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && name.len() > 1
+                && name.chars().all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '+' | '-' | '.')
+                });
+            let version_ok = version.is_none_or(|v| {
+                !v.is_empty()
+                    && v.chars().all(|c| {
+                        c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '~' | ':' | '-')
+                    })
+            });
+            if !name_ok || !version_ok {
+                self.err(
+                    p.pos,
+                    format!("`{}` is not a Debian package", p.value),
+                    "write `name` or `name=version`, e.g. `htop` or `git=1:2.39.5-0+deb12u2`",
+                );
+            }
+        }
+        let mut source_names = HashSet::new();
+        for s in &ct.apt_sources {
+            if !source_names.insert(s.name.as_str()) {
+                self.err(
+                    s.name.pos,
+                    format!("APT source `{}` is declared twice", s.name.value),
+                    "give each source its own name",
+                );
+            }
+            let line = s.line.as_str();
+            if !(line.starts_with("deb ") || line.starts_with("deb-src ")) {
+                self.err(
+                    s.line.pos,
+                    format!("`{line}` is not a one-line APT source"),
+                    "write `deb [options] URI SUITE [COMPONENT...]`",
+                );
+            }
+        }
         if let Some(env) = &ct.ml_env {
             if let Some(src) = &env.sglang {
                 let rev = src.revision.as_str();

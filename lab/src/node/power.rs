@@ -128,7 +128,9 @@ fn forget_neighbours(conf: &crate::pve::config::CtConfig) {
         }
         let net = crate::pve::propstr::parse(&crate::pve::propstr::NET, value).unwrap_or_default();
         if let Some(ip) = net.get("ip").and_then(|ip| ip.split('/').next()) {
-            let _ = Command::new("ip").args(["neigh", "flush", "to", ip]).output();
+            let _ = Command::new("ip")
+                .args(["neigh", "flush", "to", ip])
+                .output();
         }
     }
 }
