@@ -1,0 +1,288 @@
+//! A real lab container to reconcile, and what air-gapped hosts are fed with, served from
+//! the lab bridge: a flat APT repository of packages built here, a wheelhouse of wheels
+//! built here, and git repositories over dumb HTTP. Nothing comes from the internet.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
+
+/// A lab container plus this test's own folder on the lab's mirror.
+pub struct Guest {
+    /// The lab.
+    pub lab: LabEnv,
+    /// The container (destroyed on drop).
+    pub ct: TestContainer,
+    /// This test's files: inventory, roles, known_hosts.
+    pub dir: tempfile::TempDir,
+    /// This test's folder on the mirror.
+    pub mirror_dir: PathBuf,
+    /// Its URL, as containers reach it.
+    pub mirror_url: String,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.mirror_dir);
+    }
+}
+
+/// Runs a command on this machine; its stdout, or a panic with its stderr.
+pub fn host(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Guest {
+    /// A fresh privileged container (systemd, sshd, python3, git) on the lab bridge.
+    pub fn new(name: &str) -> Guest {
+        Self::with(
+            name,
+            ContainerSpec {
+                privileged: true,
+                memory_mb: 1024,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// A fresh container made from `spec`.
+    pub fn with(name: &str, spec: ContainerSpec) -> Guest {
+        let lab = LabEnv::from_env_or_up().expect("the lab is up (scripts/lab up, as root)");
+        let ct = lab.create_container(spec).expect("a lab container");
+        let dir = tempfile::tempdir().unwrap();
+        let mirror_root = PathBuf::from(lab.vars.get("LAB_MIRROR_DIR").expect("LAB_MIRROR_DIR"));
+        let sub = format!("{name}-{}", ct.vmid);
+        let mirror_dir = mirror_root.join(&sub);
+        let _ = std::fs::remove_dir_all(&mirror_dir);
+        std::fs::create_dir_all(&mirror_dir).unwrap();
+        let base = lab
+            .vars
+            .get("LAB_MIRROR_URL")
+            .expect("LAB_MIRROR_URL")
+            .trim_end_matches('/')
+            .to_string();
+        Guest {
+            mirror_url: format!("{base}/{sub}"),
+            lab,
+            ct,
+            dir,
+            mirror_dir,
+        }
+    }
+
+    /// Runs a shell command in the container as root; its stdout.
+    pub fn sh(&self, cmd: &str) -> String {
+        self.ct.ssh_ok(cmd).unwrap()
+    }
+
+    /// Writes the inventory: the lab node, this container (reached by SSH on the bridge
+    /// with the lab's key) and `body`, the container's further fields (indented by 8).
+    pub fn inventory(&self, body: &str) -> PathBuf {
+        let lab = &self.lab;
+        let fingerprint = lab.vars.get("PVE_FINGERPRINT").cloned().unwrap_or_default();
+        let (node_host, node_port) = lab
+            .vars
+            .get("PVE_NODE_SSH")
+            .and_then(|s| s.split_once(':'))
+            .map(|(h, p)| (h.to_string(), p.to_string()))
+            .unwrap_or(("127.0.0.1".into(), "2222".into()));
+        let cidr = lab
+            .vars
+            .get("LAB_BRIDGE_CIDR")
+            .cloned()
+            .unwrap_or_else(|| "10.77.0.1/24".into());
+        let paths = if self.dir.path().join("roles").is_dir() {
+            "paths: { roles: roles }\n"
+        } else {
+            ""
+        };
+        let text = format!(
+            "{paths}nodes:
+  lab:
+    api:
+      url: {url}
+      node: {node}
+      token: {{ env: PVE_TOKEN }}
+      tls: {{ fingerprint: \"{fingerprint}\" }}
+    ssh: {{ host: {node_host}, port: {node_port} }}
+    containers:
+      t:
+        vmid: {vmid}
+        template: {template}
+        cores: 1
+        memory: 1G
+        rootfs: {{ storage: local, size: 4G }}
+        unprivileged: false
+        network:
+          - {{ bridge: {bridge}, ip: {ip}/{prefix}, gateway: {gateway} }}
+        ssh:
+          identity_file: {key}
+{body}",
+            url = lab.url(),
+            node = lab.node(),
+            vmid = self.ct.vmid,
+            template = lab.vars.get("LAB_TEMPLATE").cloned().unwrap_or_default(),
+            ip = self.ct.ip,
+            key = self.ct.key.display(),
+            bridge = lab
+                .vars
+                .get("LAB_BRIDGE")
+                .cloned()
+                .unwrap_or_else(|| "vmbr0".into()),
+            gateway = cidr.split('/').next().unwrap_or_default(),
+            prefix = cidr.split('/').nth(1).unwrap_or("24"),
+        );
+        let path = self.dir.path().join("inventory.yaml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// A role file `roles/<name>.yaml` beside the inventory.
+    pub fn role(&self, name: &str, text: &str) {
+        let dir = self.dir.path().join("roles");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.yaml")), text).unwrap();
+    }
+
+    /// Runs provision against the inventory, on the guest target only (the Proxmox side is
+    /// another issue's), with this test's own known_hosts.
+    pub fn provision(&self, args: &[&str]) -> Output {
+        let inventory = self.dir.path().join("inventory.yaml");
+        let known_hosts = self.dir.path().join("known_hosts");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
+        cmd.args(args)
+            .arg("--target")
+            .arg("guest.t")
+            .arg("--known-hosts")
+            .arg(&known_hosts)
+            .arg("--accept-new-host-keys")
+            .arg(&inventory)
+            .env("NO_COLOR", "1")
+            .env_remove("SSH_AUTH_SOCK");
+        cmd.output().unwrap()
+    }
+
+    /// [`Self::provision`], asserting its exit code; stdout and stderr.
+    pub fn expect(&self, args: &[&str], code: i32) -> (String, String) {
+        let out = self.provision(args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "provision {args:?} exited {:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+            out.status.code()
+        );
+        (stdout, stderr)
+    }
+}
+
+/// A Debian package built here with dpkg-deb.
+pub struct Deb<'a> {
+    /// Package name.
+    pub name: &'a str,
+    /// Version.
+    pub version: &'a str,
+    /// Files: path inside the package, content, mode.
+    pub files: &'a [(&'a str, &'a str, u32)],
+}
+
+/// Builds `debs` into a flat APT repository under `dir/apt`; the sources line that uses it.
+pub fn apt_repo(dir: &Path, url: &str, debs: &[Deb]) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let repo = dir.join("apt");
+    std::fs::create_dir_all(&repo).unwrap();
+    for deb in debs {
+        let root = tempfile::tempdir().unwrap();
+        let control = root.path().join("DEBIAN");
+        std::fs::create_dir_all(&control).unwrap();
+        std::fs::write(
+            control.join("control"),
+            format!(
+                "Package: {}\nVersion: {}\nArchitecture: all\nMaintainer: provision tests <t@example.invalid>\nDescription: provision test package\n",
+                deb.name, deb.version
+            ),
+        )
+        .unwrap();
+        for (path, content, mode) in deb.files {
+            let p = root.path().join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, content).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).unwrap();
+        }
+        let out = repo.join(format!("{}_{}_all.deb", deb.name, deb.version));
+        host(&format!(
+            "dpkg-deb --root-owner-group -Zgzip --build {} {} >/dev/null",
+            root.path().display(),
+            out.display()
+        ));
+    }
+    host(&format!(
+        "cd {} && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null",
+        repo.display()
+    ));
+    format!("deb [trusted=yes] {url}/apt ./")
+}
+
+/// Builds a tiny wheel `name==version` into `dir/wheels`.
+pub fn wheel(dir: &Path, name: &str, version: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/make_wheel.py");
+    host(&format!(
+        "python3 {script} {name} {version} {}",
+        dir.join("wheels").display()
+    ));
+}
+
+/// Copies the cached build backends (setuptools, wheel) into `dir/wheels`, so editable
+/// installs build offline; `scripts/test-deps` fills the cache.
+pub fn build_backends(dir: &Path) {
+    let cache = Path::new("/var/cache/provision-tests/wheels");
+    assert!(
+        cache.is_dir(),
+        "{} is missing: run scripts/test-deps (it downloads setuptools and wheel once)",
+        cache.display()
+    );
+    host(&format!(
+        "mkdir -p {0} && cp {1}/*.whl {0}/",
+        dir.join("wheels").display(),
+        cache.display()
+    ));
+}
+
+/// A git repository served over dumb HTTP from `dir/git/<name>.git`, with one commit per
+/// entry of `trees` (each a folder to commit as the whole tree); the commit ids.
+pub fn git_repo(dir: &Path, name: &str, trees: &[&Path]) -> Vec<String> {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path().display();
+    host(&format!(
+        "git init -q -b main {w} && git -C {w} config user.email t@example.invalid && git -C {w} config user.name tests"
+    ));
+    let mut commits = Vec::new();
+    for (i, tree) in trees.iter().enumerate() {
+        host(&format!(
+            "cd {w} && git rm -rq --ignore-unmatch . && cp -a {}/. . && git add -A && git commit -qm 'tree {i}'",
+            tree.display()
+        ));
+        commits.push(
+            host(&format!("git -C {w} rev-parse HEAD"))
+                .trim()
+                .to_string(),
+        );
+    }
+    let bare = dir.join("git").join(format!("{name}.git"));
+    host(&format!(
+        "git clone -q --bare {w} {0} && git -C {0} update-server-info",
+        bare.display()
+    ));
+    commits
+}
