@@ -236,11 +236,14 @@ fn service_context(
             )
         })
         .collect();
+    // What the service runs on, as the shipped roles declare it; a restart follows any
+    // change of these. Only roles the container lists contribute resources.
+    let has_role = |r: &str| ct.roles.iter().any(|x| x.as_str() == r);
     let mut depends_on = vec![format!("file:{unit_path}")];
-    if model.is_some() {
+    if model.is_some() && has_role("model-store") {
         depends_on.push(format!("model:{model_path}"));
     }
-    if let Some(env) = ml_env {
+    if let Some(env) = ml_env.as_ref().filter(|_| has_role("ml-env")) {
         let p = env["path"].as_str().unwrap_or_default();
         depends_on.push(format!("venv:{p}"));
         if env["packages"].as_array().is_some_and(|a| !a.is_empty()) {
@@ -257,7 +260,7 @@ fn service_context(
             ));
         }
     }
-    if let Some(c) = cuda {
+    if let Some(c) = cuda.as_ref().filter(|_| has_role("cuda")) {
         depends_on.push(format!(
             "cuda_toolkit:{}",
             c["home"].as_str().unwrap_or_default()

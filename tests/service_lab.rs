@@ -1,0 +1,283 @@
+//! The seeds' episodes, under real systemd in a lab container, with the SGLang stand-in
+//! (tests/support/sglang-standin: NOT SGLang) installed editable from a git checkout into
+//! the ml-env, as SGLang is on llm-two:
+//! 1. the unit without the two flags: refused by the preflight with SGLang's own message,
+//!    the running service untouched;
+//! 2. a fix not written, or written but not loaded: reported;
+//! 3. a hang at distributed init: called a hang within the stall timeout, rolled back;
+//! 4. a crash loop that `systemctl is-active` calls active: called a crash loop at once;
+//! 5. a slow but progressing load: waited for.
+//!
+//! Also: no restart when nothing changed, a restart when only the environment changed, and
+//! a fallback reported as degraded.
+
+#[path = "support/guestlab.rs"]
+mod guestlab;
+
+use std::path::Path;
+use std::time::Instant;
+
+use guestlab::{Guest, build_backends, git_repo, host};
+use provision_lab::testkit::ContainerSpec;
+
+/// The message SGLang 0.5.10 gives for the seeds' first unit (no space after `no_buffer.`).
+const SEED_ERROR: &str = "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.";
+
+struct Lab {
+    g: Guest,
+    _shared: tempfile::TempDir,
+    commit: String,
+}
+
+/// A container with `/shared` holding a Qwen3.5-shaped model folder, and a mirror with the
+/// stand-in as a git repository (its project under `python/`, as SGLang's is) and a
+/// wheelhouse with the build backends.
+fn lab(name: &str) -> Lab {
+    let shared = tempfile::tempdir().unwrap();
+    let model = shared.path().join("models/Qwen3.5-122B-A10B");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
+    )
+    .unwrap();
+    let g = Guest::with(
+        name,
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    let tree = tempfile::tempdir().unwrap();
+    let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
+    host(&format!(
+        "mkdir -p {0}/python && cp -a {standin}/pyproject.toml {standin}/src {0}/python/",
+        tree.path().display()
+    ));
+    let commit = git_repo(&g.mirror_dir, "sglang", &[tree.path()]).remove(0);
+    build_backends(&g.mirror_dir);
+    host(&format!(
+        "mkdir -p {0}/opt/wheels && cp {1}/wheels/*.whl {0}/opt/wheels/",
+        g.ct.rootfs().display(),
+        g.mirror_dir.display()
+    ));
+    Lab { g, _shared: shared, commit }
+}
+
+/// How long the deploy step took on the target, from apply's progress line
+/// (`deploy sglang-qwen.service and wait until it is ready ... FAILED (9.3s)`): the time
+/// to a verdict, without this machine's load on the SSH round trips around it.
+fn deploy_seconds(stderr: &str) -> f64 {
+    stderr
+        .lines()
+        .find(|l| l.contains(": deploy sglang-qwen.service"))
+        .and_then(|l| l.rsplit_once('(').map(|(_, t)| t))
+        .and_then(|t| t.split_once('s').map(|(n, _)| n))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no deploy step in:\n{stderr}"))
+}
+
+impl Lab {
+    /// Writes the inventory: llm-two's service, with `flags` deciding whether the two
+    /// settings the seeds' first unit lacked are there, and `env` more environment (the
+    /// stand-in's knobs).
+    fn inventory(&self, flags: bool, env: &[(&str, &str)], extra: &str) {
+        let mut environment = String::from("              SGLANG_STANDIN_LINE: \"0.5.10\"\n");
+        if flags {
+            environment += "              SGLANG_ENABLE_SPEC_V2: \"1\"\n";
+        }
+        for (k, v) in env {
+            environment += &format!("              {k}: \"{v}\"\n");
+        }
+        let strategy = if flags { "            mamba_scheduler_strategy: extra_buffer\n" } else { "" };
+        self.g.inventory(&format!(
+            "        mounts: [{{ host: /unused, path: /shared }}]
+        gpus: {{ devices: [0] }}
+        roles: [ml-env, sglang]
+        ml_env:
+          path: /root/ml-env
+          python: \"3.11\"
+          index: {{ wheelhouse: /opt/wheels }}
+          sglang:
+            repo: {mirror}/git/sglang.git
+            revision: {commit}
+            path: /root/sglang-main
+        models:
+          qwen3.5-122b:
+            repo: Qwen/Qwen3.5-122B-A10B
+            path: /shared/models/Qwen3.5-122B-A10B
+        services:
+          sglang-qwen:
+            model: qwen3.5-122b
+            served_model_name: qwen3.5-122b
+            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            trust_remote_code: true
+            attention_backend: triton
+            kv_cache_dtype: bf16
+            reasoning_parser: qwen3
+            tool_call_parser: qwen3_coder
+            speculative: {{ algorithm: NEXTN, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4 }}
+{strategy}            environment:
+{environment}            restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
+            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
+{extra}",
+            mirror = self.g.mirror_url,
+            commit = self.commit,
+        ));
+    }
+
+    fn main_pid(&self) -> String {
+        self.g.sh("systemctl show -p MainPID --value sglang-qwen.service").trim().to_string()
+    }
+
+    fn unit(&self) -> String {
+        self.g.sh("cat /etc/systemd/system/sglang-qwen.service")
+    }
+
+    fn serving(&self) -> bool {
+        self.g
+            .ct
+            .ssh("curl -sf http://127.0.0.1:30000/v1/models || python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:30000/v1/models').read().decode())\"")
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains("qwen3.5-122b"))
+            .unwrap_or(false)
+    }
+}
+
+#[test]
+fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
+    let l = lab("svc-seed");
+    // A healthy service first: the ml-env with the stand-in, the unit, enabled and ready.
+    l.inventory(true, &[], "");
+    let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(err.contains("ready after"), "{out}\n{err}");
+    assert!(l.serving());
+    assert_eq!(l.g.sh("systemctl is-enabled sglang-qwen.service"), "enabled\n");
+    let (pid, unit) = (l.main_pid(), l.unit());
+
+    // Nothing changed: no restart.
+    let (out, _) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("No changes"), "{out}");
+    assert_eq!(l.main_pid(), pid);
+
+    // Episode 1: the unit without the two flags. Refused before anything is written, with
+    // SGLang's own words; the running service is untouched.
+    l.inventory(false, &[], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(err.contains("preflight of sglang-qwen.service failed; nothing was restarted"), "{err}");
+    assert!(err.contains(SEED_ERROR), "{err}");
+    assert_eq!(l.unit(), unit, "the unit was written despite the preflight");
+    assert_eq!(l.main_pid(), pid, "the service was restarted despite the preflight");
+    assert!(l.serving());
+
+    // Episode 2a: the fix is in the inventory but was never written: check shows the diff.
+    l.inventory(true, &[("FIX", "1")], "");
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(drift.contains("+Environment=FIX=1"), "{drift}");
+
+    // Episode 2b: written by hand but never loaded (no daemon-reload): the file matches,
+    // systemd does not, and check says so.
+    let rendered = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+        .args(["render", "--out"])
+        .arg(rendered.path())
+        .arg(l.g.dir.path().join("inventory.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fixed = rendered.path().join("guest/t/etc/systemd/system/sglang-qwen.service");
+    host(&format!(
+        "cp {} {}/etc/systemd/system/sglang-qwen.service",
+        fixed.display(),
+        l.g.ct.rootfs().display()
+    ));
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(!drift.contains("+Environment=FIX=1"), "the file was written: {drift}");
+    assert!(drift.contains("daemon-reload needed"), "{drift}");
+    assert!(drift.contains("loaded Environment lacks `FIX=1`"), "{drift}");
+
+    // Apply reloads, proves systemd loaded it, restarts (only the environment changed).
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(err.contains("ready after"), "{err}");
+    assert_ne!(l.main_pid(), pid, "an environment change restarts the service");
+    assert!(l.g.sh("systemctl show -p Environment --value sglang-qwen.service").contains("FIX=1"));
+    l.g.expect(&["check"], 0);
+}
+
+#[test]
+fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
+    let l = lab("svc-fail");
+    l.inventory(true, &[], "");
+    l.g.expect(&["apply", "--yes"], 0);
+    let good = l.unit();
+
+    // Episode 3: a hang at distributed init, called after the stall timeout (5 s) plus a
+    // poll, not after the deadline (60 s); the last good unit comes back.
+    l.inventory(true, &[("SGLANG_STANDIN_MODE", "hang"), ("SGLANG_STANDIN_HANG_AT", "distributed_init")], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    // The verdict, the rollback and the old unit's own start, all within the deploy step.
+    let took = deploy_seconds(&err);
+    assert!(err.contains("hang: stalled at:") && err.contains("Init torch distributed begin."), "{err}");
+    assert!(err.contains("(no log line for 5s, port closed)"), "{err}");
+    assert!(err.contains("rolled back to the last unit that passed the health gate"), "{err}");
+    assert!(err.contains("ready again"), "{err}");
+    assert!(took < 25.0, "the hang took {took:.1}s to call and roll back");
+    assert_eq!(l.unit(), good);
+    assert!(l.serving());
+
+    // Episode 4: a crash loop (it passes the preflight, then dies at start), called at
+    // once with the traceback, and rolled back.
+    l.inventory(true, &[("SGLANG_STANDIN_MODE", "crash"), ("SGLANG_STANDIN_CRASH_AT", "start")], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    let took = deploy_seconds(&err);
+    assert!(err.contains("crash loop"), "{err}");
+    assert!(err.contains("Traceback") && err.contains("RuntimeError"), "{err}");
+    assert!(err.contains("rolled back"), "{err}");
+    assert!(took < 15.0, "the crash loop took {took:.1}s to call and roll back");
+    assert_eq!(l.unit(), good);
+    assert!(l.serving());
+
+    // --no-rollback leaves the failure in place for debugging.
+    let (_, err) = l.g.expect(&["apply", "--yes", "--no-rollback"], 1);
+    assert!(err.contains("left as it is for debugging"), "{err}");
+    assert_ne!(l.unit(), good);
+
+    // A fallback (as the seeds did by hand: without MTP) that works: reported as degraded.
+    l.inventory(
+        true,
+        &[("SGLANG_STANDIN_MODE", "hang")],
+        "            fallback:
+              - name: without MTP
+                without: [speculative, mamba_scheduler_strategy, environment.SGLANG_ENABLE_SPEC_V2, environment.SGLANG_STANDIN_MODE]
+",
+    );
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(err.contains("run DEGRADED"), "{err}");
+    assert!(err.contains("runs fallback `without MTP`"), "{err}");
+    assert!(l.serving());
+    let unit = l.unit();
+    assert!(!unit.contains("--speculative-algorithm") && !unit.contains("SGLANG_STANDIN_MODE"), "{unit}");
+    // The difference from the inventory stays visible.
+    l.g.expect(&["check"], 2);
+}
+
+#[test]
+fn a_slow_load_that_keeps_talking_is_waited_for() {
+    let l = lab("svc-slow");
+    // Episode 5: 12 s of loading with a progress line every shard, a 5 s stall timeout:
+    // the journal keeps moving, so it is loading, not hanging.
+    l.inventory(
+        true,
+        &[("SGLANG_STANDIN_MODE", "slow"), ("SGLANG_STANDIN_LOAD_SECONDS", "12"), ("SGLANG_STANDIN_PROGRESS", "lines")],
+        "",
+    );
+    let started = Instant::now();
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(started.elapsed().as_secs() >= 12, "it did not wait for the load");
+    assert!(err.contains("ready after"), "{err}");
+    assert!(l.serving());
+    assert!(Path::new(&l.g.ct.rootfs()).join("var/lib/provision/last-known-good/sglang-qwen.service").is_file());
+}
