@@ -8,6 +8,7 @@ pub mod cli;
 pub mod diagnostic;
 pub mod engine;
 pub mod gpu;
+pub mod hub;
 pub mod inventory;
 pub mod plan;
 pub mod printer;
