@@ -85,7 +85,9 @@ struct Job {
     nchunks: usize,
     resumed: u64,
     file: OnceLock<File>,
-    activated: AtomicBool,
+    /// Set once the part is open and the hasher runs; held while that happens, so other
+    /// workers of the same file wait for it.
+    activated: Mutex<bool>,
     state: Mutex<JobState>,
     changed: Condvar,
     location: Mutex<Option<Url>>,
@@ -155,7 +157,8 @@ struct Queue {
 
 impl Shared<'_> {
     fn fail(&self, e: HubError) {
-        let mut q = self.queue.lock().expect("queue");
+        // Also called while a thread panics: a poisoned lock must not panic again.
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.error.is_none() {
             q.error = Some(e);
         }
@@ -202,7 +205,7 @@ fn plan_job(remote: &RemoteFile, dest: &Path, chunk_size: u64) -> Job {
         nchunks: done.len(),
         resumed: 0,
         file: OnceLock::new(),
-        activated: AtomicBool::new(false),
+        activated: Mutex::new(false),
         state: Mutex::new(JobState {
             done,
             generation: 0,
@@ -342,7 +345,8 @@ fn activate<'s, 'a: 's>(
     i: usize,
 ) -> Result<(), HubError> {
     let job = &shared.jobs[i];
-    if job.activated.swap(true, Ordering::SeqCst) {
+    let mut activated = job.activated.lock().expect("activation");
+    if *activated {
         return Ok(());
     }
     let io = |path: &Path| {
@@ -376,6 +380,7 @@ fn activate<'s, 'a: 's>(
         job.save()?;
     }
     let _ = job.file.set(file);
+    *activated = true;
     shared.progress.event(&Event::FileStarted {
         path: &job.remote.path,
         size: job.remote.size,
@@ -385,7 +390,19 @@ fn activate<'s, 'a: 's>(
     Ok(())
 }
 
+/// Stops the whole run when a worker or hasher panics, so no thread waits forever on it.
+struct PanicGuard<'s, 'a>(&'s Shared<'a>);
+
+impl Drop for PanicGuard<'_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(HubError::Client("internal error: a download thread panicked".into()));
+        }
+    }
+}
+
 fn worker<'s, 'a: 's>(s: &'s Scope<'s, '_>, shared: &'s Shared<'a>) {
+    let _guard = PanicGuard(shared);
     loop {
         let (i, k) = {
             let mut q = shared.queue.lock().expect("queue");
@@ -482,6 +499,9 @@ async fn fetch_chunk(shared: &Shared<'_>, i: usize, k: usize) -> Result<(), HubE
     let mut generation = job.state.lock().expect("state").generation;
     let mut whole_owner = false;
     loop {
+        if shared.abort.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let (from, end, before) = {
             let st = job.state.lock().expect("state");
             if st.generation != generation {
@@ -696,6 +716,7 @@ fn content_range(resp: &reqwest::Response) -> Option<(u64, u64)> {
 /// The per-file hasher: hashes chunks in order as they complete, then verifies and places
 /// the file, or restarts it once after a mismatch.
 fn hasher(shared: &Shared, i: usize) {
+    let _guard = PanicGuard(shared);
     let job = &shared.jobs[i];
     let mut buf = vec![0u8; READ_BUF.min(job.remote.size.max(1) as usize)];
     'restart: loop {
