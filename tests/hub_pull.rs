@@ -34,14 +34,25 @@ fn fresh_download_is_identical_and_a_rerun_fetches_nothing() {
     assert_eq!(leftovers(&dest), Vec::<String>::new());
     let stats = hub.stats();
     assert_eq!(stats.bytes_served, total);
-    assert!(stats.tree_requests > 3, "pagination: {} pages", stats.tree_requests);
+    assert!(
+        stats.tree_requests > 3,
+        "pagination: {} pages",
+        stats.tree_requests
+    );
     assert!(stats.range_requests > 20, "large files came in ranges");
     assert_eq!(stats.auth_on_cdn, 0);
     let rec = hub::record::read(&dest).unwrap().unwrap();
     assert!(rec.complete);
     assert_eq!(rec.files.len(), spec.files.len());
-    let shard = rec.files.iter().find(|f| f.path.ends_with("00001-of-00002.safetensors")).unwrap();
-    assert_eq!(Some(shard.sha256.clone()), hub.sha256("org/model", &shard.path));
+    let shard = rec
+        .files
+        .iter()
+        .find(|f| f.path.ends_with("00001-of-00002.safetensors"))
+        .unwrap();
+    assert_eq!(
+        Some(shard.sha256.clone()),
+        hub.sha256("org/model", &shard.path)
+    );
 
     hub.reset_stats();
     let again = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
@@ -50,12 +61,17 @@ fn fresh_download_is_identical_and_a_rerun_fetches_nothing() {
     assert_eq!(again.bytes_fetched, 0);
     let stats = hub.stats();
     assert_eq!(stats.bytes_served, 0);
-    assert_eq!(stats.content_requests + stats.resolve_get + stats.resolve_head, 0);
+    assert_eq!(
+        stats.content_requests + stats.resolve_get + stats.resolve_head,
+        0
+    );
 
     let st = hub::status(&dest, Some(&report.commit)).unwrap();
     assert_eq!(st.state, StoreState::Verified);
     assert_eq!(
-        hub::status(&dest, Some("0000000000000000000000000000000000000000")).unwrap().state,
+        hub::status(&dest, Some("0000000000000000000000000000000000000000"))
+            .unwrap()
+            .state,
         StoreState::OtherCommit
     );
 }
@@ -78,12 +94,19 @@ fn corrupted_byte_is_found_by_full_verify_and_repaired_by_pull() {
     let full = hub::verify(&dest, true, 2, &NoProgress).unwrap();
     assert_eq!(full.hashed_files, spec.files.len());
     assert!(matches!(full.problems.as_slice(), [Problem::Mismatch { path, .. }] if path == victim));
-    assert_eq!(hub::status(&dest, None).unwrap().state, StoreState::Incomplete);
+    assert_eq!(
+        hub::status(&dest, None).unwrap().state,
+        StoreState::Incomplete
+    );
 
     hub.reset_stats();
     let report = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
     assert_eq!(report.files_fetched, 1);
-    assert_eq!(hub.stats().bytes_served, 12 << 20, "only the bad file is fetched again");
+    assert_eq!(
+        hub.stats().bytes_served,
+        12 << 20,
+        "only the bad file is fetched again"
+    );
     assert_identical(&spec, &dest);
     assert!(hub::verify(&dest, true, 0, &NoProgress).unwrap().ok());
 }
@@ -158,13 +181,21 @@ fn wrong_bytes_once_are_fetched_again_and_twice_are_an_error() {
     let hub = hub();
     let dir = tempfile::tempdir().unwrap();
     let victim = "model-00001-of-00002.safetensors";
-    hub.add_fault(Fault::new(victim, FaultKind::Corrupt { offset: 3_333_333 }, Some(1)));
+    hub.add_fault(Fault::new(
+        victim,
+        FaultKind::Corrupt { offset: 3_333_333 },
+        Some(1),
+    ));
     let dest = dir.path().join("once");
     let report = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
     assert_eq!(report.files_refetched, [victim]);
     assert_identical(&model("org/model"), &dest);
 
-    hub.add_fault(Fault::new(victim, FaultKind::Corrupt { offset: 3_333_333 }, None));
+    hub.add_fault(Fault::new(
+        victim,
+        FaultKind::Corrupt { offset: 3_333_333 },
+        None,
+    ));
     let dest = dir.path().join("always");
     let err = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap_err();
     match &err {
@@ -180,7 +211,11 @@ fn resets_and_server_errors_are_retried_from_where_they_stopped() {
     let hub = hub();
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("m");
-    hub.add_fault(Fault::new("tokenizer.json", FaultKind::Reset { after: 300_000 }, Some(3)));
+    hub.add_fault(Fault::new(
+        "tokenizer.json",
+        FaultKind::Reset { after: 300_000 },
+        Some(3),
+    ));
     hub.add_fault(Fault::new("", FaultKind::Status { code: 503 }, Some(3)));
     let spec = model("org/model");
     let report = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
@@ -216,12 +251,25 @@ fn gated_repo_needs_a_token_and_the_token_stays_on_the_hub() {
         matches!(&err, HubError::Gated { token_given: false, repo, .. } if repo == "org/gated"),
         "{err}"
     );
-    assert!(err.hints().iter().any(|h| h.contains("--token-env HF_TOKEN")));
+    assert!(
+        err.hints()
+            .iter()
+            .any(|h| h.contains("--token-env HF_TOKEN"))
+    );
 
     let mut req = request(hub.endpoint(), "org/gated", &dest);
     req.token = Some(Secret::new("hf_wrong".into()));
     let err = hub::pull(&req, &NoProgress).unwrap_err();
-    assert!(matches!(err, HubError::Gated { token_given: true, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            HubError::Gated {
+                token_given: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     req.token = Some(Secret::new(TOKEN.into()));
     hub::pull(&req, &NoProgress).unwrap();
@@ -237,7 +285,10 @@ fn wrong_revision_and_unknown_repo_are_clear_errors() {
     let mut req = request(hub.endpoint(), "org/model", dir.path());
     req.revision = "v9.9".into();
     let err = hub::pull(&req, &NoProgress).unwrap_err();
-    assert!(matches!(&err, HubError::RevisionNotFound { revision, .. } if revision == "v9.9"), "{err}");
+    assert!(
+        matches!(&err, HubError::RevisionNotFound { revision, .. } if revision == "v9.9"),
+        "{err}"
+    );
     assert_eq!(err.to_string(), "revision `v9.9` not found in org/model");
 
     let req = request(hub.endpoint(), "org/nope", dir.path());
@@ -262,14 +313,19 @@ impl Tmpfs {
             .arg(dir.path())
             .status()
             .expect("mount runs");
-        assert!(ok.success(), "mounting a tmpfs needs root (tests run as root)");
+        assert!(
+            ok.success(),
+            "mounting a tmpfs needs root (tests run as root)"
+        );
         Tmpfs(dir)
     }
 }
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
     }
 }
 
@@ -286,7 +342,11 @@ fn disk_full_is_refused_before_the_first_byte() {
         other => panic!("expected no space, got {other}"),
     }
     let stats = hub.stats();
-    assert_eq!(stats.content_requests + stats.resolve_get, 0, "no byte requested");
+    assert_eq!(
+        stats.content_requests + stats.resolve_get,
+        0,
+        "no byte requested"
+    );
 
     // What fits, fits: the same mount takes a subset.
     let mut req = request(hub.endpoint(), "org/big", &dest);

@@ -11,8 +11,10 @@ use hub_support::{TOKEN, assert_identical, hub, model};
 use provision::hub::{self, NoProgress, PullRequest};
 
 fn python() -> PathBuf {
-    let venv = std::env::var_os("PROVISION_HUB_VENV")
-        .map_or_else(|| PathBuf::from("/var/cache/provision/hub-venv"), PathBuf::from);
+    let venv = std::env::var_os("PROVISION_HUB_VENV").map_or_else(
+        || PathBuf::from("/var/cache/provision/hub-venv"),
+        PathBuf::from,
+    );
     let py = venv.join("bin/python");
     assert!(
         py.exists(),
@@ -97,7 +99,11 @@ fn snapshot_download_of_a_gated_repo_needs_the_token() {
 
     let dest = dir.path().join("authed");
     let out = snapshot(hub.endpoint(), "org/gated", &dest, Some(TOKEN));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_identical(&model("org/gated"), &dest);
     // huggingface_hub drops the token when leaving the hub's origin too.
     assert_eq!(hub.stats().auth_on_cdn, 0);

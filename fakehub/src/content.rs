@@ -121,7 +121,7 @@ pub fn fill(seed: u64, offset: u64, buf: &mut [u8]) {
     let mut pos = 0usize;
     let mut off = offset;
     // Unaligned head.
-    while pos < buf.len() && off % 8 != 0 {
+    while pos < buf.len() && !off.is_multiple_of(8) {
         buf[pos] = word(seed, off / 8).to_le_bytes()[(off % 8) as usize];
         pos += 1;
         off += 1;
@@ -188,7 +188,10 @@ pub fn git_blob_sha1(content: &[u8]) -> String {
 }
 
 fn cache_file(dir: &Path, repo: &str, f: &FileSpec) -> PathBuf {
-    let key = Sha256::digest(format!("{GENERATOR_VERSION}\0{repo}\0{}\0{}", f.path, f.size));
+    let key = Sha256::digest(format!(
+        "{GENERATOR_VERSION}\0{repo}\0{}\0{}",
+        f.path, f.size
+    ));
     dir.join(format!("{}.sha256", hex::encode(&key[..16])))
 }
 

@@ -176,7 +176,11 @@ fn authorized(state: &State, req: &Request<Incoming>) -> Option<bool> {
 }
 
 /// Finds the repo, or the error the real hub gives (401 when anonymous, 404 when not).
-fn find_repo<'a>(state: &'a State, req: &Request<Incoming>, id: &str) -> Result<&'a Repo, Resp> {
+fn find_repo<'a>(
+    state: &'a State,
+    req: &Request<Incoming>,
+    id: &str,
+) -> Result<&'a Repo, Box<Resp>> {
     match state.repo(id) {
         Some(r) => Ok(r),
         None => {
@@ -185,24 +189,24 @@ fn find_repo<'a>(state: &'a State, req: &Request<Incoming>, id: &str) -> Result<
             } else {
                 StatusCode::UNAUTHORIZED
             };
-            Err(error(
+            Err(Box::new(error(
                 status,
                 Some("RepoNotFound"),
                 "Repository not found",
-            ))
+            )))
         }
     }
 }
 
-fn resolve_rev<'a>(repo: &'a Repo, rev: &str) -> Result<&'a str, Resp> {
+fn resolve_rev<'a>(repo: &'a Repo, rev: &str) -> Result<&'a str, Box<Resp>> {
     if rev == repo.commit || repo.spec.refs.iter().any(|r| r == rev) {
         Ok(&repo.commit)
     } else {
-        Err(error(
+        Err(Box::new(error(
             StatusCode::NOT_FOUND,
             Some("RevisionNotFound"),
             &format!("Invalid rev id: {rev}"),
-        ))
+        )))
     }
 }
 
@@ -210,11 +214,11 @@ fn revision(state: &State, req: &Request<Incoming>, repo: &str, rev: &str) -> Re
     state.stat(|s| s.revision_requests += 1);
     let repo = match find_repo(state, req, repo) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let commit = match resolve_rev(repo, rev) {
         Ok(c) => c,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let siblings: Vec<_> = repo
         .spec
@@ -241,14 +245,14 @@ fn tree(state: &State, req: &Request<Incoming>, repo: &str, rest: &str, query: &
     let repo_id = repo;
     let repo = match find_repo(state, req, repo) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let (rev, dir) = match rest.split_once('/') {
         Some((rev, dir)) => (decode(rev), decode(dir)),
         None => (decode(rest), String::new()),
     };
     if let Err(e) = resolve_rev(repo, &rev) {
-        return e;
+        return *e;
     }
     let params: Vec<(&str, &str)> = query
         .split('&')
@@ -315,7 +319,8 @@ fn listing(repo: &Repo, dir: &str, recursive: bool) -> Vec<serde_json::Value> {
         if recursive || parts.len() == 1 {
             let mut e = json!({ "type": "file", "oid": h.git_oid, "size": f.size, "path": f.path });
             if f.lfs {
-                e["lfs"] = json!({ "oid": h.sha256, "size": f.size, "pointerSize": h.pointer_size });
+                e["lfs"] =
+                    json!({ "oid": h.sha256, "size": f.size, "pointerSize": h.pointer_size });
             }
             files.push(e);
         }
@@ -342,14 +347,14 @@ fn resolve(state: &State, req: &Request<Incoming>, repo: &str, rest: &str) -> Re
     });
     let repo = match find_repo(state, req, repo) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let Some((rev, path)) = rest.split_once('/') else {
         return error(StatusCode::NOT_FOUND, Some("EntryNotFound"), "no file");
     };
     let commit = match resolve_rev(repo, &decode(rev)) {
         Ok(c) => c.to_string(),
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     if repo.spec.gated {
         match authorized(state, req) {
@@ -383,8 +388,10 @@ fn resolve(state: &State, req: &Request<Incoming>, repo: &str, rest: &str) -> Re
             Some("EntryNotFound"),
             &format!("{path} does not exist on \"{commit}\""),
         );
-        r.headers_mut()
-            .insert("X-Repo-Commit", HeaderValue::from_str(&commit).expect("hex"));
+        r.headers_mut().insert(
+            "X-Repo-Commit",
+            HeaderValue::from_str(&commit).expect("hex"),
+        );
         return r;
     };
     let file = &repo.spec.files[index];
@@ -415,7 +422,10 @@ fn resolve(state: &State, req: &Request<Incoming>, repo: &str, rest: &str) -> Re
     let etag = if file.lfs { &h.sha256 } else { &h.git_oid };
     let mut r = content_response(state, req, repo, index);
     let headers = r.headers_mut();
-    headers.insert("X-Repo-Commit", HeaderValue::from_str(&commit).expect("hex"));
+    headers.insert(
+        "X-Repo-Commit",
+        HeaderValue::from_str(&commit).expect("hex"),
+    );
     headers.insert(
         "ETag",
         HeaderValue::from_str(&format!("\"{etag}\"")).expect("hex"),
@@ -567,7 +577,9 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
 
 async fn admin(state: &State, req: Request<Incoming>, rest: &str) -> Resp {
     match (req.method().clone(), rest) {
-        (Method::GET, "stats") => json_response(serde_json::to_value(&*state.stats.lock().expect("stats")).expect("json")),
+        (Method::GET, "stats") => {
+            json_response(serde_json::to_value(&*state.stats.lock().expect("stats")).expect("json"))
+        }
         (Method::POST, "stats/reset") => {
             *state.stats.lock().expect("stats") = Stats::default();
             json_response(json!({}))

@@ -124,8 +124,9 @@ fn token(var: &str) -> anyhow::Result<Secret> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Ok(Secret::new(v.trim().to_string())),
         _ => Err(anyhow::Error::new(
-            Diagnostic::new(format!("environment variable `{var}` is not set"))
-                .hint(format!("export {var}=hf_... first (its value is never printed)")),
+            Diagnostic::new(format!("environment variable `{var}` is not set")).hint(format!(
+                "export {var}=hf_... first (its value is never printed)"
+            )),
         )),
     }
 }
@@ -240,7 +241,8 @@ fn verify(a: &VerifyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     if report.ok() {
         return Ok(ExitStatus::Success);
     }
-    printer.status("hint: `provision model pull` repairs it: the files found wrong left the record");
+    printer
+        .status("hint: `provision model pull` repairs it: the files found wrong left the record");
     Ok(ExitStatus::Changes)
 }
 
@@ -304,7 +306,9 @@ impl Bars {
         )
         .expect("template")
         .progress_chars("=> ");
-        let b = self.multi.add(ProgressBar::new(len).with_style(style).with_prefix(prefix));
+        let b = self
+            .multi
+            .add(ProgressBar::new(len).with_style(style).with_prefix(prefix));
         b.enable_steady_tick(Duration::from_millis(200));
         b
     }
@@ -317,8 +321,7 @@ impl ProgressSink for Bars {
     fn event(&self, event: &Event<'_>) {
         match event {
             Event::Planned { bytes_to_fetch, .. } if *bytes_to_fetch > 0 => {
-                *self.total.lock().expect("bars") =
-                    Some(self.bar(*bytes_to_fetch, "total".into()));
+                *self.total.lock().expect("bars") = Some(self.bar(*bytes_to_fetch, "total".into()));
             }
             Event::Checking { files, bytes } => {
                 *self.total.lock().expect("bars") =

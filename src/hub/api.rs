@@ -163,11 +163,10 @@ impl HubClient {
             let resp = self.get(&url, None).await?;
             let resp = self.check(resp, Some(commit), None).await?;
             next = next_link(resp.headers(), &url);
-            let entries: Vec<TreeEntry> =
-                resp.json().await.map_err(|e| HubError::BadResponse {
-                    url: shown(&url),
-                    reason: error_chain(&e),
-                })?;
+            let entries: Vec<TreeEntry> = resp.json().await.map_err(|e| HubError::BadResponse {
+                url: shown(&url),
+                reason: error_chain(&e),
+            })?;
             for e in entries.into_iter().filter(|e| e.kind == "file") {
                 files.push(RemoteFile {
                     size: e.lfs.as_ref().map_or(e.size, |l| l.size),

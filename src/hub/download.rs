@@ -193,7 +193,10 @@ fn plan_job(remote: &RemoteFile, dest: &Path, chunk_size: u64) -> Job {
         None => {
             let _ = std::fs::remove_file(&part);
             let _ = std::fs::remove_file(&sidecar);
-            (chunk_size, vec![0; remote.size.div_ceil(chunk_size) as usize])
+            (
+                chunk_size,
+                vec![0; remote.size.div_ceil(chunk_size) as usize],
+            )
         }
     };
     let mut job = Job {
@@ -396,7 +399,9 @@ struct PanicGuard<'s, 'a>(&'s Shared<'a>);
 impl Drop for PanicGuard<'_, '_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.fail(HubError::Client("internal error: a download thread panicked".into()));
+            self.0.fail(HubError::Client(
+                "internal error: a download thread panicked".into(),
+            ));
         }
     }
 }
@@ -436,7 +441,13 @@ enum WriteError {
 }
 
 /// Writes bytes at `offset` for generation `generation`, and records them.
-fn write_at(shared: &Shared, i: usize, generation: u64, offset: u64, data: &[u8]) -> Result<(), WriteError> {
+fn write_at(
+    shared: &Shared,
+    i: usize,
+    generation: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), WriteError> {
     let job = &shared.jobs[i];
     let mut st = job.state.lock().expect("state");
     if st.generation != generation || shared.abort.load(Ordering::Relaxed) {
@@ -469,7 +480,9 @@ fn write_at(shared: &Shared, i: usize, generation: u64, offset: u64, data: &[u8]
     if completed {
         job.changed.notify_all();
     }
-    shared.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+    shared
+        .fetched
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
     shared.progress.event(&Event::Bytes {
         path: &job.remote.path,
         bytes: data.len() as u64,
@@ -531,7 +544,12 @@ async fn fetch_chunk(shared: &Shared<'_>, i: usize, k: usize) -> Result<(), HubE
                 if url != resolve {
                     *job.location.lock().expect("location") = Some(url);
                 }
-                let target = Target { i, from, end, ranged: range.is_some() };
+                let target = Target {
+                    i,
+                    from,
+                    end,
+                    ranged: range.is_some(),
+                };
                 stream(shared, target, &mut generation, &mut whole_owner, resp).await
             }
             Err(e) => Err(e),
@@ -552,7 +570,11 @@ async fn fetch_chunk(shared: &Shared<'_>, i: usize, k: usize) -> Result<(), HubE
         *job.location.lock().expect("location") = None;
         let after = {
             let st = job.state.lock().expect("state");
-            if whole_owner { contiguous(job, &st.done) } else { st.done[k] }
+            if whole_owner {
+                contiguous(job, &st.done)
+            } else {
+                st.done[k]
+            }
         };
         failures = if after > before { 1 } else { failures + 1 };
         if failures >= MAX_FAILURES {
@@ -690,7 +712,13 @@ async fn stream(
 }
 
 /// Writes the buffer; `Ok(false)` when the file restarted and this stream is abandoned.
-fn flush(shared: &Shared, i: usize, generation: u64, pos: &mut u64, buf: &mut Vec<u8>) -> Result<bool, HubError> {
+fn flush(
+    shared: &Shared,
+    i: usize,
+    generation: u64,
+    pos: &mut u64,
+    buf: &mut Vec<u8>,
+) -> Result<bool, HubError> {
     if buf.is_empty() {
         return Ok(true);
     }
@@ -812,7 +840,11 @@ fn hasher(shared: &Shared, i: usize) {
         if let Err(e) = job.save() {
             return shared.fail(e);
         }
-        shared.refetched.lock().expect("refetched").push(job.remote.path.clone());
+        shared
+            .refetched
+            .lock()
+            .expect("refetched")
+            .push(job.remote.path.clone());
         let reason = format!("sha256 mismatch (got {actual}), fetching again");
         shared.progress.event(&Event::Retry {
             path: &job.remote.path,

@@ -164,13 +164,18 @@ impl HubError {
     /// What the user can do about it.
     pub fn hints(&self) -> Vec<String> {
         match self {
-            HubError::Gated { token_given: false, .. } => vec![
-                "set a token: --token-env HF_TOKEN (in the inventory: `token: { env: HF_TOKEN }`)".into(),
+            HubError::Gated {
+                token_given: false, ..
+            } => vec![
+                "set a token: --token-env HF_TOKEN (in the inventory: `token: { env: HF_TOKEN }`)"
+                    .into(),
             ],
             HubError::Gated { repo, .. } => vec![format!(
                 "accept the terms on the model's page with the token's account ({repo}), then retry"
             )],
-            HubError::RepoNotFound { token_given: false, .. } => vec![
+            HubError::RepoNotFound {
+                token_given: false, ..
+            } => vec![
                 "check the name; a private repo also needs a token: --token-env HF_TOKEN".into(),
             ],
             HubError::RepoNotFound { .. } => {
@@ -182,16 +187,16 @@ impl HubError {
             HubError::TokenRejected { .. } => {
                 vec!["the token is wrong or expired: create a new read token".into()]
             }
-            HubError::Network { .. } | HubError::Truncated { .. } => vec![
-                "run the pull again: it resumes from what is already downloaded".into(),
-            ],
+            HubError::Network { .. } | HubError::Truncated { .. } => {
+                vec!["run the pull again: it resumes from what is already downloaded".into()]
+            }
             HubError::Mismatch { .. } => vec![
                 "the hub or a proxy in between serves wrong bytes; check --endpoint, then retry"
                     .into(),
             ],
-            HubError::NoSpace { .. } => vec![
-                "free space there, or pull a subset with --include/--exclude".into(),
-            ],
+            HubError::NoSpace { .. } => {
+                vec!["free space there, or pull a subset with --include/--exclude".into()]
+            }
             HubError::NothingSelected { .. } => {
                 vec!["`*` matches `/` too; `dir/` selects a folder".into()]
             }

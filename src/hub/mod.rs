@@ -275,7 +275,7 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
             files_total: files.len(),
             bytes_total,
         };
-        outcome = download::fetch_all(&run, &to_fetch        )?;
+        outcome = download::fetch_all(&run, &to_fetch)?;
     }
     let mut final_record = base;
     final_record.files.extend(outcome.placed.iter().cloned());
@@ -305,7 +305,11 @@ mod tests {
 
     #[test]
     fn filter_matches_like_huggingface_hub() {
-        let f = Filter::new(&["*.json".into(), "original/".into()], &["tokenizer*".into()]).unwrap();
+        let f = Filter::new(
+            &["*.json".into(), "original/".into()],
+            &["tokenizer*".into()],
+        )
+        .unwrap();
         assert!(f.selects("config.json"));
         // fnmatch's `*` crosses `/`.
         assert!(f.selects("sub/x.json"));

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::HubError;
 use super::api::RemoteFile;
 use super::hash::{cores, hash_many};
 use super::progress::{Event, ProgressSink};
 use super::record::{self, Record, RecordFile, Stamp};
-use super::HubError;
 
 /// Selected files split by what must happen to them.
 pub(crate) struct Sorted {

@@ -36,8 +36,7 @@ pub fn hub() -> FakeHub {
 /// Asserts every file of `repo` is in `dest`, byte for byte.
 pub fn assert_identical(repo: &RepoSpec, dest: &Path) {
     for f in &repo.files {
-        let got = std::fs::read(dest.join(&f.path))
-            .unwrap_or_else(|e| panic!("{}: {e}", f.path));
+        let got = std::fs::read(dest.join(&f.path)).unwrap_or_else(|e| panic!("{}: {e}", f.path));
         let want = fakehub::bytes(&repo.id, &f.path, f.size);
         assert!(got == want, "{} differs from the hub's bytes", f.path);
     }
@@ -54,7 +53,8 @@ pub fn leftovers(dest: &Path) -> Vec<String> {
                 stack.push(p);
             } else {
                 let name = p.file_name().unwrap().to_string_lossy().to_string();
-                if name.ends_with(".part") || name.ends_with(".part.json") || name.ends_with(".tmp") {
+                if name.ends_with(".part") || name.ends_with(".part.json") || name.ends_with(".tmp")
+                {
                     out.push(name);
                 }
             }
@@ -69,10 +69,15 @@ pub fn corrupt_keeping_mtime(path: &Path, offset: u64) {
     use std::os::unix::fs::FileExt;
     let meta = std::fs::metadata(path).unwrap();
     let mtime = meta.modified().unwrap();
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).unwrap();
     b[0] ^= 0x5a;
     f.write_all_at(&b, offset).unwrap();
-    f.set_times(std::fs::FileTimes::new().set_modified(mtime)).unwrap();
+    f.set_times(std::fs::FileTimes::new().set_modified(mtime))
+        .unwrap();
 }
