@@ -170,10 +170,11 @@ fn sigkill_halfway_resumes_and_refetches_at_most_one_chunk_per_file() {
         },
         None,
     ));
+    let log = dir.path().join("first.log");
     let mut child = pull(hub.endpoint(), "org/model", &dest)
         .args(["--concurrency", "4"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let big: u64 = spec

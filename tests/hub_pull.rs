@@ -353,3 +353,33 @@ fn disk_full_is_refused_before_the_first_byte() {
     req.include = vec!["model-00001-*".into()];
     hub::pull(&req, &NoProgress).unwrap();
 }
+
+#[test]
+fn one_large_file_gets_every_worker_on_its_ranges() {
+    let hub = hub();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("m");
+    let mut req = request(hub.endpoint(), "org/model", &dest);
+    req.include = vec!["model-00001-*".into()];
+    req.concurrency = 8;
+    // Slow responses keep all eight ranges in flight at once, so chunks complete out of
+    // order and the hash catches up by reading them back.
+    hub.add_fault(Fault::new(
+        "",
+        FaultKind::Slow {
+            bytes_per_sec: 8_000_000,
+        },
+        None,
+    ));
+    let report = hub::pull(&req, &NoProgress).unwrap();
+    assert_eq!(report.files, 1);
+    assert_eq!(hub.stats().range_requests, 12);
+    let spec = model("org/model");
+    let shard = spec
+        .files
+        .iter()
+        .find(|f| f.path.starts_with("model-00001"))
+        .unwrap();
+    let got = std::fs::read(dest.join(&shard.path)).unwrap();
+    assert!(got == fakehub::bytes("org/model", &shard.path, shard.size));
+}

@@ -86,19 +86,21 @@ impl HubClient {
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| HubError::BadEndpoint(endpoint.to_string()))?;
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(20))
-            .read_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true)
-            .user_agent(concat!("provision/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| HubError::Client(e.to_string()))?;
+        let http = build_http()?;
         Ok(HubClient {
             http,
             endpoint,
             repo: repo.to_string(),
             token,
+        })
+    }
+
+    /// The same client with its own connection pool, for a worker thread with its own
+    /// runtime (pooled connections belong to the runtime that opened them).
+    pub fn fresh(&self) -> Result<Self, HubError> {
+        Ok(HubClient {
+            http: build_http()?,
+            ..self.clone()
         })
     }
 
@@ -278,6 +280,17 @@ impl HubClient {
             },
         })
     }
+}
+
+fn build_http() -> Result<reqwest::Client, HubError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(20))
+        .read_timeout(Duration::from_secs(60))
+        .tcp_nodelay(true)
+        .user_agent(concat!("provision/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| HubError::Client(e.to_string()))
 }
 
 /// The `rel="next"` target of a `Link` header, resolved against the page's URL.

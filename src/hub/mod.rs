@@ -6,6 +6,7 @@ mod api;
 mod download;
 pub mod error;
 pub mod hash;
+mod part;
 pub mod progress;
 pub mod record;
 pub mod space;
@@ -269,7 +270,6 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
                 concurrency: req.concurrency,
                 chunk_size: req.chunk_size,
             },
-            handle: runtime.handle().clone(),
             progress,
             placed_cb: &placed_cb,
             files_total: files.len(),
