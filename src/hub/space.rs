@@ -49,10 +49,12 @@ pub fn allocated(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }
 
-/// Reserves `size` bytes for a file; filesystems without fallocate get a sparse length.
+/// Reserves `size` bytes for a file; filesystems without fallocate get a sparse length, and
+/// so does tmpfs, where fallocate zeroes every page up front (memory is not a disk that
+/// fills up mid-file, and the zeroing would cost as much as the download's own copies).
 pub fn reserve(file: &File, size: u64) -> std::io::Result<()> {
-    if size == 0 {
-        return Ok(());
+    if size == 0 || is_tmpfs(file) {
+        return file.set_len(size);
     }
     // SAFETY: the descriptor is open; fallocate touches no memory of ours.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
@@ -64,4 +66,11 @@ pub fn reserve(file: &File, size: u64) -> std::io::Result<()> {
         Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(size),
         _ => Err(err),
     }
+}
+
+fn is_tmpfs(file: &File) -> bool {
+    // SAFETY: fstatfs writes only into the zeroed struct passed; the descriptor is open.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) };
+    rc == 0 && st.f_type == libc::TMPFS_MAGIC
 }
