@@ -302,7 +302,7 @@ impl Bars {
 
     fn bar(&self, len: u64, prefix: String) -> ProgressBar {
         let style = ProgressStyle::with_template(
-            "{prefix:>24!} [{wide_bar}] {binary_bytes:>10}/{binary_total_bytes:<10} {binary_bytes_per_sec:>12} eta {eta}",
+            "{prefix:>32!} [{wide_bar}] {binary_bytes:>10}/{binary_total_bytes:<10} {binary_bytes_per_sec:>12} eta {eta}",
         )
         .expect("template")
         .progress_chars("=> ");

@@ -12,7 +12,7 @@ pub mod record;
 pub mod space;
 mod verify;
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -158,9 +158,10 @@ impl Filter {
 
 /// A repo path that stays inside the model folder.
 fn safe_path(path: &str) -> bool {
-    let p = Path::new(path);
     !path.is_empty()
-        && p.components().all(|c| matches!(c, Component::Normal(_)))
+        && path
+            .split('/')
+            .all(|seg| !matches!(seg, "" | "." | "..") && !seg.contains('\0'))
         && path != RECORD_FILE
         && !path.ends_with(".part")
         && !path.ends_with(".part.json")
