@@ -383,3 +383,27 @@ fn one_large_file_gets_every_worker_on_its_ranges() {
     let got = std::fs::read(dest.join(&shard.path)).unwrap();
     assert!(got == fakehub::bytes("org/model", &shard.path, shard.size));
 }
+
+#[test]
+fn a_touched_file_is_rehashed_once_and_restamped() {
+    let hub = hub();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("m");
+    hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
+    let touched = dest.join("config.json");
+    let f = std::fs::File::options().write(true).open(&touched).unwrap();
+    f.set_times(std::fs::FileTimes::new().set_modified(std::time::SystemTime::UNIX_EPOCH))
+        .unwrap();
+    let st = hub::status(&dest, None).unwrap();
+    assert_eq!(st.state, StoreState::Changed);
+    assert_eq!(st.changed, ["config.json"]);
+    let v = hub::verify(&dest, false, 0, &NoProgress).unwrap();
+    assert!(v.ok());
+    assert_eq!(v.hashed_files, 1);
+    assert_eq!(
+        hub::status(&dest, None).unwrap().state,
+        StoreState::Verified
+    );
+    let v = hub::verify(&dest, false, 0, &NoProgress).unwrap();
+    assert_eq!(v.hashed_files, 0);
+}

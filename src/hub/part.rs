@@ -282,3 +282,36 @@ impl Job {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_moves_over_complete_chunks_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = RemoteFile {
+            path: "f".into(),
+            size: 250,
+            sha256: Some("00".into()),
+            git_oid: "11".into(),
+        };
+        let job = Job::plan(&remote, dir.path(), 100);
+        assert_eq!(job.nchunks, 3);
+        let mut st = job.state.lock().unwrap();
+        st.done = vec![40, 100, 0];
+        job.advance_prefix(&mut st);
+        assert_eq!(st.prefix, 40);
+        st.done[0] = 100;
+        job.advance_prefix(&mut st);
+        assert_eq!(st.prefix, 200);
+        st.done[2] = 50;
+        job.advance_prefix(&mut st);
+        assert_eq!(st.prefix, 250);
+        job.restart(&mut st);
+        assert_eq!(
+            (st.prefix, st.generation, st.done.clone()),
+            (0, 1, vec![0, 0, 0])
+        );
+    }
+}

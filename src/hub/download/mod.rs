@@ -474,3 +474,40 @@ fn finish(shared: &Shared, i: usize) -> bool {
     shared.queue_cv.notify_all();
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(chunks: &[usize]) -> Queue {
+        Queue {
+            pending: chunks.iter().map(|&n| (0..n).collect()).collect(),
+            active: vec![0; chunks.len()],
+            first: 0,
+            remaining: chunks.len(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn workers_spread_over_files_before_sharing_one() {
+        let mut q = queue(&[3, 3, 1]);
+        assert_eq!(q.pick(None, 8), Some((0, 0)));
+        assert_eq!(q.pick(None, 8), Some((1, 0)));
+        assert_eq!(q.pick(None, 8), Some((2, 0)));
+        // Every file has a worker: the earliest gets a second one.
+        assert_eq!(q.pick(None, 8), Some((0, 1)));
+        // A worker done with its chunk keeps to its file when that is least busy.
+        q.active[1] -= 1;
+        assert_eq!(q.pick(Some(1), 8), Some((1, 1)));
+    }
+
+    #[test]
+    fn one_file_gets_every_worker() {
+        let mut q = queue(&[4]);
+        for k in 0..4 {
+            assert_eq!(q.pick(None, 8), Some((0, k)));
+        }
+        assert_eq!(q.pick(None, 8), None);
+    }
+}
