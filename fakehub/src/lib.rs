@@ -12,6 +12,7 @@
 //! println!("{}", hub.endpoint());
 //! ```
 
+mod body;
 mod content;
 mod server;
 
