@@ -80,6 +80,7 @@ pub(crate) fn shown(url: &Url) -> String {
 }
 
 impl HubClient {
+    /// A client for `repo` on the hub at `endpoint`, sending `token` only to that origin.
     pub fn new(endpoint: &str, repo: &str, token: Option<Secret>) -> Result<Self, HubError> {
         install_crypto_provider();
         let endpoint = Url::parse(endpoint.trim_end_matches('/'))
