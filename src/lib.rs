@@ -10,6 +10,7 @@ pub mod diagnostic;
 pub mod engine;
 pub mod gpu;
 pub mod health;
+pub mod hub;
 pub mod inventory;
 pub mod plan;
 pub mod printer;
