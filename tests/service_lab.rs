@@ -63,7 +63,11 @@ fn lab(name: &str) -> Lab {
         g.ct.rootfs().display(),
         g.mirror_dir.display()
     ));
-    Lab { g, _shared: shared, commit }
+    Lab {
+        g,
+        _shared: shared,
+        commit,
+    }
 }
 
 /// How long the deploy step took on the target, from apply's progress line
@@ -91,7 +95,11 @@ impl Lab {
         for (k, v) in env {
             environment += &format!("              {k}: \"{v}\"\n");
         }
-        let strategy = if flags { "            mamba_scheduler_strategy: extra_buffer\n" } else { "" };
+        let strategy = if flags {
+            "            mamba_scheduler_strategy: extra_buffer\n"
+        } else {
+            ""
+        };
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
         gpus: {{ devices: [0] }}
@@ -131,7 +139,10 @@ impl Lab {
     }
 
     fn main_pid(&self) -> String {
-        self.g.sh("systemctl show -p MainPID --value sglang-qwen.service").trim().to_string()
+        self.g
+            .sh("systemctl show -p MainPID --value sglang-qwen.service")
+            .trim()
+            .to_string()
     }
 
     fn unit(&self) -> String {
@@ -155,7 +166,10 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
     let (out, err) = l.g.expect(&["apply", "--yes"], 0);
     assert!(err.contains("ready after"), "{out}\n{err}");
     assert!(l.serving());
-    assert_eq!(l.g.sh("systemctl is-enabled sglang-qwen.service"), "enabled\n");
+    assert_eq!(
+        l.g.sh("systemctl is-enabled sglang-qwen.service"),
+        "enabled\n"
+    );
     let (pid, unit) = (l.main_pid(), l.unit());
 
     // Nothing changed: no restart.
@@ -167,10 +181,17 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
     // SGLang's own words; the running service is untouched.
     l.inventory(false, &[], "");
     let (_, err) = l.g.expect(&["apply", "--yes"], 1);
-    assert!(err.contains("preflight of sglang-qwen.service failed; nothing was restarted"), "{err}");
+    assert!(
+        err.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
+        "{err}"
+    );
     assert!(err.contains(SEED_ERROR), "{err}");
     assert_eq!(l.unit(), unit, "the unit was written despite the preflight");
-    assert_eq!(l.main_pid(), pid, "the service was restarted despite the preflight");
+    assert_eq!(
+        l.main_pid(),
+        pid,
+        "the service was restarted despite the preflight"
+    );
     assert!(l.serving());
 
     // Episode 2a: the fix is in the inventory but was never written: check shows the diff.
@@ -187,23 +208,42 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
         .arg(l.g.dir.path().join("inventory.yaml"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let fixed = rendered.path().join("guest/t/etc/systemd/system/sglang-qwen.service");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fixed = rendered
+        .path()
+        .join("guest/t/etc/systemd/system/sglang-qwen.service");
     host(&format!(
         "cp {} {}/etc/systemd/system/sglang-qwen.service",
         fixed.display(),
         l.g.ct.rootfs().display()
     ));
     let (drift, _) = l.g.expect(&["check"], 2);
-    assert!(!drift.contains("+Environment=FIX=1"), "the file was written: {drift}");
+    assert!(
+        !drift.contains("+Environment=FIX=1"),
+        "the file was written: {drift}"
+    );
     assert!(drift.contains("daemon-reload needed"), "{drift}");
-    assert!(drift.contains("loaded Environment lacks `FIX=1`"), "{drift}");
+    assert!(
+        drift.contains("loaded Environment lacks `FIX=1`"),
+        "{drift}"
+    );
 
     // Apply reloads, proves systemd loaded it, restarts (only the environment changed).
     let (_, err) = l.g.expect(&["apply", "--yes"], 0);
     assert!(err.contains("ready after"), "{err}");
-    assert_ne!(l.main_pid(), pid, "an environment change restarts the service");
-    assert!(l.g.sh("systemctl show -p Environment --value sglang-qwen.service").contains("FIX=1"));
+    assert_ne!(
+        l.main_pid(),
+        pid,
+        "an environment change restarts the service"
+    );
+    assert!(
+        l.g.sh("systemctl show -p Environment --value sglang-qwen.service")
+            .contains("FIX=1")
+    );
     l.g.expect(&["check"], 0);
 }
 
@@ -216,27 +256,56 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
 
     // Episode 3: a hang at distributed init, called after the stall timeout (5 s) plus a
     // poll, not after the deadline (60 s); the last good unit comes back.
-    l.inventory(true, &[("SGLANG_STANDIN_MODE", "hang"), ("SGLANG_STANDIN_HANG_AT", "distributed_init")], "");
+    l.inventory(
+        true,
+        &[
+            ("SGLANG_STANDIN_MODE", "hang"),
+            ("SGLANG_STANDIN_HANG_AT", "distributed_init"),
+        ],
+        "",
+    );
     let (_, err) = l.g.expect(&["apply", "--yes"], 1);
     // The verdict, the rollback and the old unit's own start, all within the deploy step.
     let took = deploy_seconds(&err);
-    assert!(err.contains("hang: stalled at:") && err.contains("Init torch distributed begin."), "{err}");
+    assert!(
+        err.contains("hang: stalled at:") && err.contains("Init torch distributed begin."),
+        "{err}"
+    );
     assert!(err.contains("(no log line for 5s, port closed)"), "{err}");
-    assert!(err.contains("rolled back to the last unit that passed the health gate"), "{err}");
+    assert!(
+        err.contains("rolled back to the last unit that passed the health gate"),
+        "{err}"
+    );
     assert!(err.contains("ready again"), "{err}");
-    assert!(took < 25.0, "the hang took {took:.1}s to call and roll back");
+    assert!(
+        took < 25.0,
+        "the hang took {took:.1}s to call and roll back"
+    );
     assert_eq!(l.unit(), good);
     assert!(l.serving());
 
     // Episode 4: a crash loop (it passes the preflight, then dies at start), called at
     // once with the traceback, and rolled back.
-    l.inventory(true, &[("SGLANG_STANDIN_MODE", "crash"), ("SGLANG_STANDIN_CRASH_AT", "start")], "");
+    l.inventory(
+        true,
+        &[
+            ("SGLANG_STANDIN_MODE", "crash"),
+            ("SGLANG_STANDIN_CRASH_AT", "start"),
+        ],
+        "",
+    );
     let (_, err) = l.g.expect(&["apply", "--yes"], 1);
     let took = deploy_seconds(&err);
     assert!(err.contains("crash loop"), "{err}");
-    assert!(err.contains("Traceback") && err.contains("RuntimeError"), "{err}");
+    assert!(
+        err.contains("Traceback") && err.contains("RuntimeError"),
+        "{err}"
+    );
     assert!(err.contains("rolled back"), "{err}");
-    assert!(took < 15.0, "the crash loop took {took:.1}s to call and roll back");
+    assert!(
+        took < 15.0,
+        "the crash loop took {took:.1}s to call and roll back"
+    );
     assert_eq!(l.unit(), good);
     assert!(l.serving());
 
@@ -259,7 +328,10 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
     assert!(err.contains("runs fallback `without MTP`"), "{err}");
     assert!(l.serving());
     let unit = l.unit();
-    assert!(!unit.contains("--speculative-algorithm") && !unit.contains("SGLANG_STANDIN_MODE"), "{unit}");
+    assert!(
+        !unit.contains("--speculative-algorithm") && !unit.contains("SGLANG_STANDIN_MODE"),
+        "{unit}"
+    );
     // The difference from the inventory stays visible.
     l.g.expect(&["check"], 2);
 }
@@ -271,13 +343,24 @@ fn a_slow_load_that_keeps_talking_is_waited_for() {
     // the journal keeps moving, so it is loading, not hanging.
     l.inventory(
         true,
-        &[("SGLANG_STANDIN_MODE", "slow"), ("SGLANG_STANDIN_LOAD_SECONDS", "12"), ("SGLANG_STANDIN_PROGRESS", "lines")],
+        &[
+            ("SGLANG_STANDIN_MODE", "slow"),
+            ("SGLANG_STANDIN_LOAD_SECONDS", "12"),
+            ("SGLANG_STANDIN_PROGRESS", "lines"),
+        ],
         "",
     );
     let started = Instant::now();
     let (_, err) = l.g.expect(&["apply", "--yes"], 0);
-    assert!(started.elapsed().as_secs() >= 12, "it did not wait for the load");
+    assert!(
+        started.elapsed().as_secs() >= 12,
+        "it did not wait for the load"
+    );
     assert!(err.contains("ready after"), "{err}");
     assert!(l.serving());
-    assert!(Path::new(&l.g.ct.rootfs()).join("var/lib/provision/last-known-good/sglang-qwen.service").is_file());
+    assert!(
+        Path::new(&l.g.ct.rootfs())
+            .join("var/lib/provision/last-known-good/sglang-qwen.service")
+            .is_file()
+    );
 }

@@ -297,7 +297,8 @@ pub fn preflight(spec: &PreflightSpec) -> Result<PreflightReport, String> {
     }
     // SGLang's own verdict is shown even when a rule already objects: its words are the
     // ones people search for. Without SGLang or the model's config it cannot run.
-    if report.sglang_version.is_some() && Path::new(&spec.model_path).join("config.json").is_file() {
+    if report.sglang_version.is_some() && Path::new(&spec.model_path).join("config.json").is_file()
+    {
         match run_parser(spec) {
             Ok(None) => {}
             Ok(Some(w)) => report.warnings.push(w),
