@@ -248,8 +248,18 @@ impl AgentClient {
 
     /// Answers every probe in one request; a probe without an answer is an error.
     pub fn probe(&self, probes: &[Probe]) -> Result<HashMap<Probe, Fact>, AgentError> {
+        self.probe_with(probes, false)
+    }
+
+    /// [`Self::probe`], re-hashing model files when `verify_full`.
+    pub fn probe_with(
+        &self,
+        probes: &[Probe],
+        verify_full: bool,
+    ) -> Result<HashMap<Probe, Fact>, AgentError> {
         let events = self.call(&Request::Probe {
             probes: probes.to_vec(),
+            verify_full,
         })?;
         let answers = events
             .into_iter()

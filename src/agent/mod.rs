@@ -31,6 +31,9 @@ pub enum Request {
     Probe {
         /// The probes.
         probes: Vec<Probe>,
+        /// Re-hash model files instead of trusting their verification records.
+        #[serde(default)]
+        verify_full: bool,
     },
     /// Run these steps in order, stopping at the first failure.
     Apply {
@@ -114,10 +117,13 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
         }
     };
     match request {
-        Request::Probe { probes } => {
+        Request::Probe {
+            probes,
+            verify_full,
+        } => {
             let answers = probes
                 .into_iter()
-                .map(|probe| match probe::answer(&probe) {
+                .map(|probe| match probe::answer(&probe, verify_full) {
                     Ok(fact) => Answer {
                         probe,
                         fact: Some(fact),
@@ -160,13 +166,52 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
     }
 }
 
-/// A model folder's verification record, summarised for the planner.
-pub fn model_fact(path: &Path) -> Result<Option<ModelFact>, String> {
-    if !path.exists() {
-        return Ok(None);
+/// A model folder's verification record, summarised for the planner: metadata only
+/// (size, mtime, inode per file), or every file re-hashed with `full`.
+pub fn model_fact(path: &Path, full: bool) -> Result<Option<ModelFact>, String> {
+    use crate::hub::{Problem, StoreState};
+    let status = crate::hub::status(path, None).map_err(|e| e.to_string())?;
+    if status.state == StoreState::NoRecord {
+        if !path.exists() {
+            return Ok(None);
+        }
+        // Files without a record are unverified: the pull adopts those that hash right.
+        return Ok(Some(ModelFact {
+            repo: String::new(),
+            commit: String::new(),
+            intact: false,
+            changed: vec!["(no verification record)".into()],
+        }));
     }
-    Err(format!(
-        "{} exists, but reading model verification records is not built yet (model store issue)",
-        path.display()
-    ))
+    let mut fact = ModelFact {
+        repo: status.repo.clone().unwrap_or_default(),
+        commit: status.commit.clone().unwrap_or_default(),
+        intact: status.state == StoreState::Verified,
+        changed: status
+            .changed
+            .iter()
+            .map(|p| format!("{p} changed since it was verified"))
+            .collect(),
+    };
+    if full && fact.intact {
+        let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let report = crate::hub::verify(path, true, jobs, &crate::hub::NoProgress)
+            .map_err(|e| e.to_string())?;
+        if !report.problems.is_empty() {
+            fact.intact = false;
+            fact.changed = report
+                .problems
+                .iter()
+                .map(|p| match p {
+                    Problem::Incomplete => "the last pull did not finish".to_string(),
+                    Problem::Missing { path } => format!("{path} is missing"),
+                    Problem::SizeChanged { path, .. } => format!("{path} changed size"),
+                    Problem::Mismatch { path, .. } => {
+                        format!("{path} no longer matches its sha256")
+                    }
+                })
+                .collect();
+        }
+    }
+    Ok(Some(fact))
 }

@@ -40,7 +40,7 @@ pub const UNIT_PROPERTIES: &[&str] = &[
 
 /// Answers one probe. Errors reading what exists are reported in the fact's absence only
 /// when the thing is truly absent; anything else is an `Err`.
-pub fn answer(probe: &Probe) -> Result<Fact, String> {
+pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
     Ok(match probe {
         Probe::Path { path } => Fact::Path(path_fact(Path::new(path))?),
         Probe::Packages { names } => Fact::Packages(packages(names)?),
@@ -48,7 +48,9 @@ pub fn answer(probe: &Probe) -> Result<Fact, String> {
         Probe::Git { path } => Fact::Git(git(Path::new(path))?),
         Probe::Cuda { home } => Fact::Cuda(cuda(Path::new(home))),
         Probe::Unit { name } => Fact::Unit(unit(name)?),
-        Probe::Model { path } => Fact::Model(crate::agent::model_fact(Path::new(path))?),
+        Probe::Model { path } => {
+            Fact::Model(crate::agent::model_fact(Path::new(path), verify_full)?)
+        }
         Probe::PveContainer { .. } => {
             return Err(
                 "a container's Proxmox config is read through the node's API, not the agent".into(),

@@ -69,6 +69,8 @@ pub enum Step {
         /// `--no-index --find-links` folder.
         wheelhouse: Option<String>,
     },
+    /// Download a model next to its storage, every file verified.
+    ModelPull(Box<ModelPull>),
     /// Check a service's new argv before anything of it is written or restarted.
     Preflight(super::preflight::PreflightSpec),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
@@ -108,6 +110,7 @@ impl Step {
                 format!("git checkout {revision} in {path}")
             }
             Step::Preflight(p) => format!("preflight {}", p.unit),
+            Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.unit,
@@ -129,6 +132,7 @@ impl Step {
             Step::Preflight(p) => {
                 return super::preflight::preflight(p).map(|r| serde_json::to_value(r).ok());
             }
+            Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {
                 path,
                 content,
@@ -185,6 +189,47 @@ impl Step {
             } => git_checkout(repo, revision, path),
         };
         done.map(|()| None)
+    }
+}
+
+/// A model download (the model store's engine, run on the target).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelPull {
+    /// The hub.
+    pub endpoint: String,
+    /// `org/name`.
+    pub repo: String,
+    /// Branch, tag or commit.
+    pub revision: String,
+    /// Include globs.
+    pub include: Vec<String>,
+    /// Exclude globs.
+    pub exclude: Vec<String>,
+    /// The model's folder.
+    pub dest: String,
+    /// The token for gated repositories (redacted in `Debug`).
+    pub token: Option<crate::inventory::secret::Secret>,
+    /// Re-hash files already in place instead of trusting the record.
+    pub verify_full: bool,
+}
+
+impl ModelPull {
+    fn run(&self) -> Result<crate::hub::PullReport, String> {
+        let mut req =
+            crate::hub::PullRequest::new(&self.repo, &self.revision, Path::new(&self.dest));
+        req.endpoint = self.endpoint.clone();
+        req.include = self.include.clone();
+        req.exclude = self.exclude.clone();
+        req.token = self.token.clone();
+        req.verify_full = self.verify_full;
+        crate::hub::pull(&req, &crate::hub::NoProgress).map_err(|e| {
+            let hints = e.hints();
+            let mut text = e.to_string();
+            for h in hints {
+                text += &format!("\nhint: {h}");
+            }
+            text
+        })
     }
 }
 

@@ -66,7 +66,8 @@ pub fn read_plan(
     let loaded = &prepared.loaded;
     online::plan(inventory, &desired, &mut |target| {
         printer.status(&format!("reading {}", target.heading()));
-        Ok(ReadCtx::new(connect(loaded, target, targets, &binary)?))
+        Ok(ReadCtx::new(connect(loaded, target, targets, &binary)?)
+            .verify_full(targets.verify_full))
     })
 }
 

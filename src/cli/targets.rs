@@ -25,6 +25,11 @@ pub struct TargetArgs {
     /// Add unknown SSH host keys to known_hosts (a changed key is still refused).
     #[arg(long)]
     pub accept_new_host_keys: bool,
+    /// Re-hash every model file on the targets instead of trusting the verification
+    /// records' size, mtime and inode (slow for large models; the routine check is
+    /// metadata only).
+    #[arg(long)]
+    pub verify_full: bool,
 }
 
 fn target_names(t: &Target) -> (String, String) {

@@ -55,7 +55,14 @@ pub fn desired_state(
     for (node_name, node) in &loaded.inventory.nodes {
         let view = gpu_view(node_name.as_str());
         for (ct_name, ct) in &node.containers {
-            let ctx = container_context(node_name, node, ct_name, ct, view.as_ref());
+            let ctx = container_context(
+                node_name,
+                node,
+                ct_name,
+                ct,
+                view.as_ref(),
+                &loaded.base_dir,
+            );
             let hostname = ct
                 .hostname
                 .as_ref()

@@ -17,12 +17,22 @@ use crate::resources::ResourceSpec;
 /// Read access to one target.
 pub struct ReadCtx {
     agent: AgentClient,
+    verify_full: bool,
 }
 
 impl ReadCtx {
     /// Read access through `agent`.
     pub fn new(agent: AgentClient) -> Self {
-        ReadCtx { agent }
+        ReadCtx {
+            agent,
+            verify_full: false,
+        }
+    }
+
+    /// Re-hash model files instead of trusting their verification records.
+    pub fn verify_full(mut self, full: bool) -> Self {
+        self.verify_full = full;
+        self
     }
 
     /// Answers all `probes` in one request.
@@ -31,7 +41,9 @@ impl ReadCtx {
         if probes.is_empty() {
             return Ok(Facts::Read(Default::default()));
         }
-        self.agent.probe(&probes).map(Facts::Read)
+        self.agent
+            .probe_with(&probes, self.verify_full)
+            .map(Facts::Read)
     }
 }
 

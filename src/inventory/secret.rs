@@ -26,8 +26,10 @@ pub enum SecretRef {
     File(LocalPath),
 }
 
-/// A secret value. Never printed: `Debug` and `Display` show `<redacted>`.
-#[derive(Clone, PartialEq, Eq)]
+/// A secret value. Never printed: `Debug` and `Display` show `<redacted>`. It serializes
+/// as its value only to travel to the agent on stdin (never on a command line).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Secret(String);
 
 impl Secret {

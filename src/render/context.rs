@@ -2,12 +2,14 @@
 //! what follows from them (the venv's `bin`, the unit's argv and environment, device paths).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::sglang;
 use crate::inventory::container::{Container, GpuMethod, GpuSelector, IpConfig};
 use crate::inventory::node::Node;
+use crate::inventory::secret::{SecretRef, resolve_local};
 use crate::inventory::service::Service;
 use crate::inventory::text::Name;
 use crate::inventory::validate::unit_name;
@@ -49,6 +51,7 @@ pub fn container_context(
     ct_name: &Name,
     ct: &Container,
     gpu_view: Option<&NodeGpuView>,
+    base_dir: &Path,
 ) -> Value {
     let cuda = ct.cuda.as_ref().map(|c| {
         let home = c.home();
@@ -99,7 +102,11 @@ pub fn container_context(
                 "path": m.path.to_string(),
                 "parent": parent,
                 "endpoint": m.endpoint.as_ref().map_or(DEFAULT_HF_ENDPOINT.to_string(), |e| e.to_string()),
-                "token": m.token.as_ref().map(|t| t.describe()),
+                // File references are made absolute here: the token is read at apply time.
+                "token": m.token.as_ref().map(|t| match &t.value {
+                    SecretRef::File(p) => json!({"file": resolve_local(p, base_dir).display().to_string()}),
+                    other => json!(other),
+                }),
             })
         })
         .collect();

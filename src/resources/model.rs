@@ -3,8 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
+use crate::agent::steps::{ModelPull, Step};
 use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::inventory::secret::SecretRef;
 use crate::plan::{Action, Attribute, Change};
 
 /// A model's desired state. The token is a reference (`env HF_TOKEN`), never a value.
@@ -25,9 +26,14 @@ pub struct ModelSpec {
     pub path: String,
     /// The hub's URL.
     pub endpoint: String,
-    /// Where the token comes from, if the repository is gated.
+    /// Where the token comes from, if the repository is gated (a reference, not a value).
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<SecretRef>,
+}
+
+/// Whether `revision` names a commit (40 hex digits) rather than a branch or tag.
+fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 impl Resource for ModelSpec {
@@ -60,7 +66,10 @@ impl Resource for ModelSpec {
                 d = d.attr(Attribute::new("exclude", self.exclude.join(" ")));
             }
             if let Some(token) = &self.token {
-                d = d.attr(Attribute::new("token", format!("from {token}")));
+                d = d.attr(Attribute::new(
+                    "token",
+                    format!("from {}", token.describe()),
+                ));
             }
             return Ok(Some(d.reason(
                 "downloaded on the target, every file verified by sha256",
@@ -74,20 +83,58 @@ impl Resource for ModelSpec {
                 Some(self.repo.clone()),
             ));
         }
+        // A branch or tag is satisfied by the commit it was verified at; a commit must match.
+        if is_commit(&self.revision) && !found.commit.eq_ignore_ascii_case(&self.revision) {
+            d = d.attr(Attribute::change(
+                "commit",
+                Some(found.commit.clone()),
+                Some(self.revision.clone()),
+            ));
+        }
         if !found.intact {
+            let before = if found.changed.is_empty() {
+                "an unfinished pull".to_string()
+            } else {
+                format!("{} changed since verified", found.changed.len())
+            };
             d = d.attr(Attribute::change(
                 "files",
-                Some(format!("{} changed since verified", found.changed.len())),
+                Some(before),
                 Some("verified".into()),
             ));
             for f in found.changed.iter().take(5) {
-                d = d.reason(format!("{f} changed since it was verified"));
+                d = d.reason(f.clone());
             }
+        }
+        if let Some(token) = self.token.as_ref().filter(|_| !d.attributes.is_empty()) {
+            d = d.attr(Attribute::new(
+                "token",
+                format!("from {}", token.describe()),
+            ));
         }
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
-        Err("downloading models on the target is not built yet (model store issue)".into())
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
+        // The token is read here, on the workstation, and travels to the agent on stdin.
+        let token = match &self.token {
+            Some(r) => Some(
+                r.resolve(std::path::Path::new("/"))
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        Ok(vec![Step::ModelPull(Box::new(ModelPull {
+            endpoint: self.endpoint.clone(),
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+            dest: self.path.clone(),
+            token,
+            // A model that drifted since it was verified is re-hashed in full, so a changed
+            // byte that kept size and mtime is found and fetched again.
+            verify_full: change.action != crate::plan::Action::Create,
+        }))])
     }
 }

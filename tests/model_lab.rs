@@ -1,0 +1,166 @@
+//! The model store on a real lab container: the download runs on the target (the agent),
+//! next to the storage, into `/shared` through a bind mount, from a fake hub on the lab
+//! bridge. Fresh download, no-op re-run (zero bytes), a changed byte found by
+//! `--verify-full` and repaired, a gated repo without a token, a wrong revision.
+
+#[path = "support/guestlab.rs"]
+mod guestlab;
+#[path = "hub_support/mod.rs"]
+mod hub_support;
+
+use std::net::{IpAddr, SocketAddr};
+
+use fakehub::{Config, FakeHub};
+use guestlab::Guest;
+use provision_lab::testkit::ContainerSpec;
+
+/// A fake hub on the lab bridge's address, so containers reach it.
+fn bridge_hub(g: &Guest) -> FakeHub {
+    let cidr = g
+        .lab
+        .vars
+        .get("LAB_BRIDGE_CIDR")
+        .cloned()
+        .unwrap_or_else(|| "10.77.0.1/24".into());
+    let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+    let mut gated = hub_support::model("org/gated");
+    gated.gated = true;
+    FakeHub::start(Config {
+        listen: SocketAddr::new(ip, 0),
+        repos: vec![hub_support::model("org/model"), gated],
+        token: Some(hub_support::TOKEN.to_string()),
+        page_size: 3,
+        hash_cache: None,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge")
+}
+
+fn inventory(g: &Guest, hub: &FakeHub, repo: &str, revision: &str, token: bool) {
+    let token = if token {
+        "            token: { env: PROVISION_TEST_HF_TOKEN }\n"
+    } else {
+        ""
+    };
+    g.inventory(&format!(
+        "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [model-store]
+        models:
+          m:
+            repo: {repo}
+            revision: {revision}
+            path: /shared/models/m
+            endpoint: {endpoint}
+{token}",
+        endpoint = hub.endpoint(),
+    ));
+}
+
+#[test]
+fn download_on_the_target_into_shared_verify_and_repair() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with(
+        "model",
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    let hub = bridge_hub(&g);
+    let dest = shared.path().join("models/m");
+
+    // Fresh: planned as a download, done on the target, every byte as the hub has it.
+    inventory(&g, &hub, "org/model", "main", false);
+    let (plan, _) = g.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("+ model /shared/models/m"), "{plan}");
+    g.expect(&["apply", "--yes"], 0);
+    hub_support::assert_identical(&hub_support::model("org/model"), &dest);
+    assert!(hub_support::leftovers(&dest).is_empty());
+    assert!(
+        dest.join(fakehub_record()).is_file(),
+        "no verification record"
+    );
+
+    // No-op: nothing to do, and not one byte fetched to find that out.
+    hub.reset_stats();
+    let (out, _) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("No changes"), "{out}");
+    g.expect(&["check"], 0);
+    assert_eq!(hub.stats().bytes_served, 0);
+
+    // A changed byte with size and mtime kept: the routine (metadata) check cannot see it,
+    // --verify-full does, and apply fetches the file again.
+    let shard = dest.join("model-00001-of-00002.safetensors");
+    let meta = std::fs::metadata(&shard).unwrap();
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[4096] ^= 0xff;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .and_then(|mut f| {
+            use std::io::{Seek, SeekFrom, Write};
+            f.seek(SeekFrom::Start(4096))?;
+            f.write_all(&bytes[4096..4097])
+        })
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(meta.modified().unwrap())
+        .unwrap();
+    g.expect(&["check"], 0);
+    let (drift, _) = g.expect(&["check", "--verify-full"], 2);
+    assert!(drift.contains("no longer matches its sha256"), "{drift}");
+    hub.reset_stats();
+    g.expect(&["apply", "--yes", "--verify-full"], 0);
+    hub_support::assert_identical(&hub_support::model("org/model"), &dest);
+    let fetched = hub.stats().bytes_served;
+    assert!(
+        fetched > 0 && fetched <= meta.len(),
+        "fetched {fetched} bytes to repair one file of {}",
+        meta.len()
+    );
+    g.expect(&["check", "--verify-full"], 0);
+}
+
+/// The name of the verification record in a model folder.
+fn fakehub_record() -> &'static str {
+    provision::hub::RECORD_FILE
+}
+
+#[test]
+fn gated_repo_and_wrong_revision_are_clear_errors() {
+    let g = Guest::new("model-err");
+    let hub = bridge_hub(&g);
+
+    inventory(&g, &hub, "org/gated", "main", false);
+    let (_, err) = g.expect(&["apply", "--yes"], 1);
+    assert!(err.to_lowercase().contains("gated"), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+
+    inventory(&g, &hub, "org/model", "no-such-branch", false);
+    let (_, err) = g.expect(&["apply", "--yes"], 1);
+    assert!(err.contains("no-such-branch"), "{err}");
+
+    // With the token (read on the workstation, sent on stdin, never printed) it works.
+    inventory(&g, &hub, "org/gated", "main", true);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+        .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
+        .arg(g.dir.path().join("known_hosts"))
+        .arg("--accept-new-host-keys")
+        .arg(g.dir.path().join("inventory.yaml"))
+        .env("PROVISION_TEST_HF_TOKEN", hub_support::TOKEN)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(!text.contains(hub_support::TOKEN), "the token was printed");
+    assert!(text.contains("from env PROVISION_TEST_HF_TOKEN"), "{text}");
+}
