@@ -258,6 +258,50 @@ fn run_parser(spec: &PreflightSpec) -> Result<Option<String>, String> {
     Err(error)
 }
 
+/// An NCCL all-reduce across the service's GPUs (the first `tp` it sees), in its ml-env,
+/// with its environment: a line with the bus bandwidth, or why it failed with remedies.
+fn nccl(spec: &PreflightSpec) -> Result<String, String> {
+    use crate::gpu::nccl::{NcclOptions, NcclOutcome, hang_remedies, run_preflight};
+    let gpus = (0..spec.tp)
+        .map(crate::inventory::container::GpuSelector::Index)
+        .collect();
+    let mut opts = NcclOptions::new(gpus, spec.python.clone());
+    opts.timeout = Duration::from_secs(90);
+    opts.env = spec
+        .environment
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let transport = crate::transport::local::LocalTransport::default();
+    let run = run_preflight(&transport, &opts)
+        .map_err(|e| format!("the NCCL preflight could not run: {e}"))?;
+    match &run.outcome {
+        NcclOutcome::Healthy(h) => Ok(format!(
+            "NCCL all-reduce across {} GPUs: healthy, bus bandwidth {:.1} GB/s",
+            h.world, h.busbw_gbps
+        )),
+        NcclOutcome::Hung { after_s, .. } => Err(format!(
+            "NCCL all-reduce across {} GPUs hung after {after_s:.0} s, as SGLang would at `Init torch distributed begin.`; try:\n      {}",
+            spec.tp,
+            hang_remedies().join("\n      ")
+        )),
+        NcclOutcome::Crashed { rank, code, .. } => Err(format!(
+            "NCCL all-reduce failed: rank {rank} exited with {code}"
+        )),
+        NcclOutcome::TooFewGpus { visible, .. } => Err(format!(
+            "torch sees {visible} GPUs in {}, fewer than tp {}",
+            spec.venv, spec.tp
+        )),
+        NcclOutcome::TorchMissing { error, .. } => {
+            Err(format!("torch does not import in {}: {error}", spec.venv))
+        }
+        NcclOutcome::NcclMissing { torch, .. } => {
+            Err(format!("torch {torch} in {} has no NCCL", spec.venv))
+        }
+    }
+}
+
 /// Runs every check; `Err` lists what stops the deploy, SGLang's own words verbatim.
 pub fn preflight(spec: &PreflightSpec) -> Result<PreflightReport, String> {
     let mut report = PreflightReport {
@@ -281,6 +325,12 @@ pub fn preflight(spec: &PreflightSpec) -> Result<PreflightReport, String> {
             "tp {} needs {} GPUs, but the container sees {n} (nvidia-smi -L)",
             spec.tp, spec.tp
         )),
+        // The seeds lost ten minutes to a server hung at NCCL init: prove the GPUs can
+        // all-reduce in this ml-env, with the service's environment, before restarting.
+        Some(_) if spec.tp > 1 => match nccl(spec) {
+            Ok(line) => report.warnings.push(line),
+            Err(e) => errors.push(e),
+        },
         Some(_) => {}
         None => report
             .warnings
