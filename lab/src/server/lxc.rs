@@ -168,6 +168,7 @@ fn create(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
             .filter(|(k, _)| !CREATE_ONLY.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), to_conf_value(v)))
             .collect();
+    crate::pve::options::check_types(&options)?;
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Allocate"])?;
     if !unprivileged {
         ctx.user.check("/", &["Sys.Modify"])?;
@@ -331,6 +332,7 @@ fn put_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
             ));
         }
     }
+    crate::pve::options::check_types(&set)?;
     let conf = app.node.load(vmid)?;
     let unprivileged = conf.get("unprivileged") == Some("1");
     check_modify(
