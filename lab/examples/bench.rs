@@ -17,7 +17,7 @@ fn pve_lab(bin: &Path, dir: &Path, arg: &str) -> String {
         .env("LAB_SSH_PORT", "12322")
         .env("LAB_MIRROR_PORT", "18180")
         .env("LAB_BRIDGE", "vmbrbench")
-        .env("LAB_BRIDGE_CIDR", "10.89.0.1/24")
+        .env("LAB_BRIDGE_CIDR", "10.214.77.1/24")
         .env("LAB_VETH_PREFIX", "vbn")
         .env("LAB_LOCK_DIR", dir.join("locks"))
         .env_remove("LAB_SHARED_DIR")

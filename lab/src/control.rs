@@ -139,7 +139,37 @@ fn ensure_key(path: &Path, comment: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a bridge network that another interface already routes (another lab, a VPN...):
+/// containers would be unreachable, or worse, reach someone else's hosts.
+fn check_subnet_free(lab: &Settings) -> Result<()> {
+    let (ip, len) = lab.bridge_net()?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    let net = format!("{}/{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask));
+    let out = Command::new("ip")
+        .args(["-4", "-o", "route", "show", "to", "match", &net])
+        .output()?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let dev = line
+            .split_whitespace()
+            .skip_while(|w| *w != "dev")
+            .nth(1)
+            .unwrap_or("");
+        let covers = line
+            .split_whitespace()
+            .next()
+            .is_some_and(|dst| dst != "default" && dst.ends_with(&format!("/{len}")));
+        if covers && dev != lab.bridge {
+            return Err(hinted(
+                format!("the lab network {net} is already routed through {dev}"),
+                "set LAB_BRIDGE_CIDR (and LAB_BRIDGE) to a free network for this lab",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn ensure_bridge(lab: &Settings) -> Result<()> {
+    check_subnet_free(lab)?;
     let br = &lab.bridge;
     if !Path::new("/sys/class/net").join(br).exists() {
         run(Command::new("ip").args(["link", "add", br, "type", "bridge"]))?;
