@@ -386,10 +386,25 @@ pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
     Ok(vars)
 }
 
+/// The process group of `pid` (`/proc/PID/stat`, field 5).
+fn pgid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// Stops the process in `pidfile`; when it leads its own process group (the server does, by
+/// `setsid`), the whole group, so no helper it started (a template copy) outlives it.
 fn kill_pidfile(pidfile: &Path, needle: &str) {
     if let Some(pid) = pid_alive(pidfile, needle) {
-        // SAFETY: signalling a pid read from our own pid file and checked by its cmdline.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let target = if pgid_of(pid) == Some(pid) { -pid } else { pid };
+        // SAFETY: signalling a pid (or its own group) read from our pid file and checked by
+        // its command line.
+        unsafe { libc::kill(target, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
             if std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -400,7 +415,8 @@ fn kill_pidfile(pidfile: &Path, needle: &str) {
             std::thread::sleep(Duration::from_millis(20));
         }
         if pid_alive(pidfile, needle).is_some() {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: as above.
+            unsafe { libc::kill(target, libc::SIGKILL) };
         }
     }
     let _ = std::fs::remove_file(pidfile);

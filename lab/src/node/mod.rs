@@ -7,6 +7,7 @@ mod hotplug;
 mod lock;
 mod lxcconf;
 mod power;
+mod spare;
 mod update;
 mod volumes;
 
