@@ -328,6 +328,7 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_AUDIT_TOKEN", secrets.audit_token()),
         v("LAB_DIR", lab.dir.display().to_string()),
         v("LAB_LOCK_DIR", lab.lock_dir.display().to_string()),
+        v("LAB_VETH_PREFIX", lab.veth_prefix.clone()),
     ])
 }
 

@@ -68,7 +68,21 @@ impl Settings {
     /// Settings from the environment (`LAB_DIR`, `LAB_BRIDGE`, `LAB_BRIDGE_CIDR`, ...).
     pub fn from_env() -> Result<Settings> {
         let dir = PathBuf::from(env_or("LAB_DIR", DEFAULT_DIR));
-        let veth_prefix = env_or("LAB_VETH_PREFIX", "veth");
+        // The default lab names things as Proxmox does; another lab on the same host gets its
+        // own veth prefix and lock directory, so equal vmids in both do not collide.
+        let default_lab = dir == Path::new(DEFAULT_DIR);
+        let tag = format!(
+            "v{:02x}",
+            dir.to_string_lossy()
+                .bytes()
+                .fold(0u8, |h, b| h.wrapping_mul(31).wrapping_add(b))
+        );
+        let veth_prefix = env_or("LAB_VETH_PREFIX", if default_lab { "veth" } else { &tag });
+        let lock_default = if default_lab {
+            PathBuf::from("/run/lock/lxc")
+        } else {
+            dir.join("run/lock/lxc")
+        };
         let valid =
             |p: &str| !p.is_empty() && p.len() <= 4 && p.chars().all(|c| c.is_ascii_alphanumeric());
         if !valid(&veth_prefix) {
@@ -84,7 +98,7 @@ impl Settings {
             api_port: env_port("LAB_API_PORT", 8006)?,
             ssh_port: env_port("LAB_SSH_PORT", 2222)?,
             mirror_port: env_port("LAB_MIRROR_PORT", 8080)?,
-            lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", "/run/lock/lxc")),
+            lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", &lock_default.to_string_lossy())),
             cache_dir: PathBuf::from(env_or("LAB_CACHE_DIR", DEFAULT_CACHE)),
             shared_dir: PathBuf::from(env_or(
                 "LAB_SHARED_DIR",
