@@ -301,7 +301,7 @@ fn start_sshd(lab: &Settings) -> Result<()> {
 pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
     let secrets = Secrets::load(lab)?;
     let fp = std::fs::read_to_string(lab.secrets_dir().join("fingerprint")).unwrap_or_default();
-    let template = crate::node::volumes_templates(&crate::node::Node::new(lab.clone()))
+    let template = crate::node::volumes::templates(lab)
         .into_iter()
         .map(|t| t.0)
         .find(|v| v.contains("debian-12-lab_"))

@@ -512,8 +512,3 @@ impl Drop for TestContainer {
         }
     }
 }
-
-/// True when `path` exists on the host (helper for mount tests).
-pub fn host_has(path: &Path) -> bool {
-    path.exists()
-}

@@ -15,7 +15,7 @@ use crate::pve::perms::check_modify;
 
 use super::App;
 use super::http::Reply;
-use super::router::Ctx;
+use super::router::{Ctx, subdirs};
 
 /// Routes `rest` (the path below `/nodes/{node}`), or `None` when no handler matches.
 pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
@@ -35,12 +35,6 @@ pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
         (&Method::POST, ["lxc", _, "status", action]) => power(app, ctx, action),
         _ => return None,
     })
-}
-
-fn subdirs(names: &[&str]) -> Reply {
-    Reply::data(Value::Array(
-        names.iter().map(|n| json!({ "subdir": n })).collect(),
-    ))
 }
 
 fn vmid(ctx: &Ctx) -> ApiResult<u32> {
