@@ -139,7 +139,37 @@ fn ensure_key(path: &Path, comment: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a bridge network that another interface already routes (another lab, a VPN...):
+/// containers would be unreachable, or worse, reach someone else's hosts.
+fn check_subnet_free(lab: &Settings) -> Result<()> {
+    let (ip, len) = lab.bridge_net()?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    let net = format!("{}/{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask));
+    let out = Command::new("ip")
+        .args(["-4", "-o", "route", "show", "to", "match", &net])
+        .output()?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let dev = line
+            .split_whitespace()
+            .skip_while(|w| *w != "dev")
+            .nth(1)
+            .unwrap_or("");
+        let covers = line
+            .split_whitespace()
+            .next()
+            .is_some_and(|dst| dst != "default" && dst.ends_with(&format!("/{len}")));
+        if covers && dev != lab.bridge {
+            return Err(hinted(
+                format!("the lab network {net} is already routed through {dev}"),
+                "set LAB_BRIDGE_CIDR (and LAB_BRIDGE) to a free network for this lab",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn ensure_bridge(lab: &Settings) -> Result<()> {
+    check_subnet_free(lab)?;
     let br = &lab.bridge;
     if !Path::new("/sys/class/net").join(br).exists() {
         run(Command::new("ip").args(["link", "add", br, "type", "bridge"]))?;
@@ -271,7 +301,7 @@ fn start_sshd(lab: &Settings) -> Result<()> {
 pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
     let secrets = Secrets::load(lab)?;
     let fp = std::fs::read_to_string(lab.secrets_dir().join("fingerprint")).unwrap_or_default();
-    let template = crate::node::volumes_templates(&crate::node::Node::new(lab.clone()))
+    let template = crate::node::volumes::templates(lab)
         .into_iter()
         .map(|t| t.0)
         .find(|v| v.contains("debian-12-lab_"))
@@ -297,6 +327,8 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_TEMPLATE", template),
         v("LAB_AUDIT_TOKEN", secrets.audit_token()),
         v("LAB_DIR", lab.dir.display().to_string()),
+        v("LAB_LOCK_DIR", lab.lock_dir.display().to_string()),
+        v("LAB_VETH_PREFIX", lab.veth_prefix.clone()),
     ])
 }
 
@@ -355,10 +387,25 @@ pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
     Ok(vars)
 }
 
+/// The process group of `pid` (`/proc/PID/stat`, field 5).
+fn pgid_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// Stops the process in `pidfile`; when it leads its own process group (the server does, by
+/// `setsid`), the whole group, so no helper it started (a template copy) outlives it.
 fn kill_pidfile(pidfile: &Path, needle: &str) {
     if let Some(pid) = pid_alive(pidfile, needle) {
-        // SAFETY: signalling a pid read from our own pid file and checked by its cmdline.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let target = if pgid_of(pid) == Some(pid) { -pid } else { pid };
+        // SAFETY: signalling a pid (or its own group) read from our pid file and checked by
+        // its command line.
+        unsafe { libc::kill(target, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
             if std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -369,7 +416,8 @@ fn kill_pidfile(pidfile: &Path, needle: &str) {
             std::thread::sleep(Duration::from_millis(20));
         }
         if pid_alive(pidfile, needle).is_some() {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: as above.
+            unsafe { libc::kill(target, libc::SIGKILL) };
         }
     }
     let _ = std::fs::remove_file(pidfile);

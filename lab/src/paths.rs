@@ -41,6 +41,14 @@ pub struct Settings {
     pub mirror_dir: PathBuf,
     /// Official API schema, when `../shared/pve-api` exists.
     pub schema: Option<PathBuf>,
+    /// Prefix of host-side veth names (`veth` as on Proxmox: `veth<vmid>i<N>`); a second lab
+    /// on the same host sets another (at most 4 characters) so equal vmids do not collide.
+    #[serde(default = "default_veth_prefix")]
+    pub veth_prefix: String,
+}
+
+fn default_veth_prefix() -> String {
+    "veth".into()
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -60,6 +68,26 @@ impl Settings {
     /// Settings from the environment (`LAB_DIR`, `LAB_BRIDGE`, `LAB_BRIDGE_CIDR`, ...).
     pub fn from_env() -> Result<Settings> {
         let dir = PathBuf::from(env_or("LAB_DIR", DEFAULT_DIR));
+        // The default lab names things as Proxmox does; another lab on the same host gets its
+        // own veth prefix and lock directory, so equal vmids in both do not collide.
+        let default_lab = dir == Path::new(DEFAULT_DIR);
+        let tag = format!(
+            "v{:02x}",
+            dir.to_string_lossy()
+                .bytes()
+                .fold(0u8, |h, b| h.wrapping_mul(31).wrapping_add(b))
+        );
+        let veth_prefix = env_or("LAB_VETH_PREFIX", if default_lab { "veth" } else { &tag });
+        let lock_default = if default_lab {
+            PathBuf::from("/run/lock/lxc")
+        } else {
+            dir.join("run/lock/lxc")
+        };
+        let valid =
+            |p: &str| !p.is_empty() && p.len() <= 4 && p.chars().all(|c| c.is_ascii_alphanumeric());
+        if !valid(&veth_prefix) {
+            bail!("LAB_VETH_PREFIX={veth_prefix} must be 1 to 4 letters or digits");
+        }
         let schema = std::env::var_os("LAB_PVE_SCHEMA")
             .map(PathBuf::from)
             .filter(|p| p.exists());
@@ -70,7 +98,7 @@ impl Settings {
             api_port: env_port("LAB_API_PORT", 8006)?,
             ssh_port: env_port("LAB_SSH_PORT", 2222)?,
             mirror_port: env_port("LAB_MIRROR_PORT", 8080)?,
-            lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", "/run/lock/lxc")),
+            lock_dir: PathBuf::from(env_or("LAB_LOCK_DIR", &lock_default.to_string_lossy())),
             cache_dir: PathBuf::from(env_or("LAB_CACHE_DIR", DEFAULT_CACHE)),
             shared_dir: PathBuf::from(env_or(
                 "LAB_SHARED_DIR",
@@ -81,6 +109,7 @@ impl Settings {
                 &dir.join("mirror").to_string_lossy(),
             )),
             schema,
+            veth_prefix,
             dir,
         };
         s.bridge_net()?;
@@ -194,6 +223,11 @@ impl Settings {
     /// The node's private SSH login key (root).
     pub fn node_key(&self) -> PathBuf {
         self.secrets_dir().join("id_ed25519")
+    }
+
+    /// Host-side name of a container's network interface `N` (`veth<vmid>i<N>`).
+    pub fn veth(&self, vmid: u32, n: &str) -> String {
+        format!("{}{vmid}i{n}", self.veth_prefix)
     }
 
     /// The lock file Proxmox uses for a container's config.

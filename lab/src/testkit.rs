@@ -187,6 +187,27 @@ impl LabEnv {
             .map_err(|e| anyhow!("{e}"))
     }
 
+    /// Whether another lab on this host uses `vmid` now (its veth exists or its config lock
+    /// is held), so two labs' tests do not collide on names and locks.
+    fn taken_elsewhere(&self, vmid: u32) -> bool {
+        let prefix = self
+            .vars
+            .get("LAB_VETH_PREFIX")
+            .map_or("veth", String::as_str);
+        if Path::new("/sys/class/net")
+            .join(format!("{prefix}{vmid}i0"))
+            .exists()
+        {
+            return true;
+        }
+        let lock_dir = self
+            .vars
+            .get("LAB_LOCK_DIR")
+            .map_or("/run/lock/lxc", String::as_str);
+        let lock = Path::new(lock_dir).join(format!("pve-config-{vmid}.lock"));
+        lock.exists() && crate::node::ConfigLock::acquire(&lock, Duration::ZERO).is_err()
+    }
+
     /// The address the testkit gives a vmid.
     pub fn ip_for(&self, vmid: u32) -> Result<(Ipv4Addr, u8)> {
         let cidr = self.var("LAB_BRIDGE_CIDR")?;
@@ -216,11 +237,8 @@ impl LabEnv {
         let guard = ALLOC.lock().unwrap_or_else(|e| e.into_inner());
         let mut chosen = None;
         for vmid in VMID_BASE..VMID_BASE + VMID_SLOTS {
-            if self
-                .dir()
-                .join(format!("etc/pve/nodes/{}/lxc/{vmid}.conf", self.node()))
-                .exists()
-            {
+            let conf = format!("etc/pve/nodes/{}/lxc/{vmid}.conf", self.node());
+            if self.dir().join(conf).exists() || self.taken_elsewhere(vmid) {
                 continue;
             }
             let (ip, len) = self.ip_for(vmid)?;
@@ -493,9 +511,4 @@ impl Drop for TestContainer {
             eprintln!("testkit: could not destroy CT {}: {e:#}", self.vmid);
         }
     }
-}
-
-/// True when `path` exists on the host (helper for mount tests).
-pub fn host_has(path: &Path) -> bool {
-    path.exists()
 }

@@ -461,7 +461,10 @@ fn faults_fail_the_next_matching_calls() {
     assert_err(
         api().call("PUT", &node("/lxc/4343/config"), &[("memory", "1024")]),
         500,
-        "can't lock file '/run/lock/lxc/pve-config-4343.lock' - got timeout",
+        &format!(
+            "can't lock file '{}/pve-config-4343.lock' - got timeout",
+            lock_dir()
+        ),
     );
 
     lab()

@@ -426,7 +426,10 @@ fn a_task_holding_the_config_lock_times_out_other_writers() {
             &[("memory", "1024")],
         ),
         500,
-        &format!("can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout"),
+        &format!(
+            "can't lock file '{}/pve-config-{vmid}.lock' - got timeout",
+            lock_dir()
+        ),
     );
     assert!(
         t.elapsed() >= Duration::from_secs(9),

@@ -17,7 +17,8 @@ fn pve_lab(dir: &Path, args: &[&str]) -> Output {
         .env("LAB_SSH_PORT", "12222")
         .env("LAB_MIRROR_PORT", "18080")
         .env("LAB_BRIDGE", "vmbrlt")
-        .env("LAB_BRIDGE_CIDR", "10.78.0.1/24")
+        .env("LAB_BRIDGE_CIDR", "10.213.77.1/24")
+        .env("LAB_VETH_PREFIX", "vlt")
         .env("LAB_LOCK_DIR", dir.join("locks"))
         .env_remove("LAB_SHARED_DIR")
         .env_remove("LAB_MIRROR_DIR")
@@ -62,12 +63,57 @@ fn refuses_clearly_without_root_or_lxc() {
 }
 
 #[test]
+fn refuses_a_network_another_interface_routes() {
+    // The host's own uplink network: a lab bridge there would shadow real hosts.
+    let addrs = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&addrs.stdout);
+    let Some(cidr) = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .next()
+    else {
+        panic!("no global IPv4 address on this host: {text}");
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("lab-subnet-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let out = Command::new(BIN)
+        .arg("up")
+        .env("LAB_DIR", tmp.path())
+        .env("LAB_BRIDGE", "vmbrsn")
+        .env("LAB_BRIDGE_CIDR", cidr)
+        .env("LAB_API_PORT", "18206")
+        .env("LAB_SSH_PORT", "12422")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is already routed through") && err.contains("hint: set LAB_BRIDGE_CIDR"),
+        "{err}"
+    );
+    assert!(!Path::new("/sys/class/net/vmbrsn").exists());
+}
+
+#[test]
 fn reinstall_keeps_shared_data_and_down_leaves_nothing() {
     let tmp = tempfile::Builder::new()
         .prefix("lab-lifecycle-")
         .tempdir_in("/var/tmp")
         .unwrap();
     let dir = tmp.path();
+    // Whatever happens below, this lab goes down before its directory is removed.
+    struct Down<'a>(&'a Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = pve_lab(self.0, &["down"]);
+        }
+    }
+    let _down = Down(dir);
     let t = Instant::now();
     let up = pve_lab(dir, &["up"]);
     assert!(up.status.success(), "{}", stderr(&up));

@@ -94,11 +94,7 @@ impl Node {
         let root = super::lxcconf::rootfs_path(&self.lab, &conf)?;
         log(&format!("extracting archive '{}'", template.display()));
         let unpacked = self.unpacked_template(template, log)?;
-        run(Command::new("cp")
-            .args(["-a", "--reflink=auto"])
-            .arg(unpacked.join("."))
-            .arg(&root))?;
-        log("Total bytes written: (copied from the unpacked template)");
+        self.fill_rootfs(&unpacked, &root, log)?;
         // Mount points, devices and the rest go through the pending/apply path as on Proxmox.
         let mounts: BTreeMap<String, String> = opts
             .iter()

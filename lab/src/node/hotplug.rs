@@ -63,8 +63,7 @@ impl Node {
                 self.cgroup_set(vmid, "cpu.shares", "1024")
             } else if indexed(&opt, "net") {
                 let n = &opt[3..];
-                run(Command::new("ip").args(["link", "del", &format!("veth{vmid}i{n}")]))
-                    .map(|_| ())
+                run(Command::new("ip").args(["link", "del", &self.lab.veth(vmid, n)])).map(|_| ())
             } else {
                 Err(ApiError::die(SKIP))
             };
@@ -214,7 +213,7 @@ impl Node {
     ) -> ApiResult<()> {
         let n = &opt[3..];
         let net = propstr::parse(&propstr::NET, new).map_err(ApiError::die)?;
-        let host_if = format!("veth{vmid}i{n}");
+        let host_if = self.lab.veth(vmid, n);
         let name = &net["name"];
         let bridge = net
             .get("bridge")
@@ -237,7 +236,7 @@ impl Node {
                 log(&format!("replacing interface {host_if}"));
                 let _ = run(Command::new("ip").args(["link", "del", &host_if]));
             }
-            let peer = format!("veth{vmid}i{n}p");
+            let peer = format!("{host_if}p");
             run(Command::new("ip").args([
                 "link", "add", &host_if, "type", "veth", "peer", "name", &peer,
             ]))?;

@@ -98,7 +98,7 @@ pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
     for key in keys {
         let value = &conf.main.props[key];
         if indexed(key, "net") {
-            net_lines(&mut line, vmid, key, value, &lab.bridge)?;
+            net_lines(&mut line, lab, vmid, key, value)?;
         } else if indexed(key, "mp") {
             mount_lines(&mut line, lab, key, value, unprivileged)?;
         } else if indexed(key, "dev") {
@@ -123,17 +123,18 @@ fn index(key: &str) -> u32 {
 
 fn net_lines(
     line: &mut impl FnMut(&str, &str),
+    lab: &Settings,
     vmid: u32,
     key: &str,
     value: &str,
-    default_bridge: &str,
 ) -> ApiResult<()> {
+    let default_bridge = lab.bridge.as_str();
     let n = index(key);
     let net =
         propstr::parse(&propstr::NET, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
     let p = format!("lxc.net.{n}");
     line(&format!("{p}.type"), "veth");
-    line(&format!("{p}.veth.pair"), &format!("veth{vmid}i{n}"));
+    line(&format!("{p}.veth.pair"), &lab.veth(vmid, &n.to_string()));
     line(
         &format!("{p}.link"),
         net.get("bridge").map_or(default_bridge, String::as_str),

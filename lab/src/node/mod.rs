@@ -7,8 +7,9 @@ mod hotplug;
 mod lock;
 mod lxcconf;
 mod power;
+mod spare;
 mod update;
-mod volumes;
+pub mod volumes;
 
 use std::path::Path;
 use std::process::Command;
@@ -16,11 +17,6 @@ use std::process::Command;
 pub use create::CreateRequest;
 pub use lock::ConfigLock;
 pub use update::ConfigUpdate;
-
-/// Templates in storage `local`: `(volid, size, ctime)`.
-pub fn volumes_templates(node: &Node) -> Vec<(String, u64, u64)> {
-    volumes::templates(&node.lab)
-}
 
 use crate::error::{ApiError, ApiResult};
 use crate::paths::Settings;

@@ -35,6 +35,7 @@ impl Node {
             .map_or(format!("CT{vmid}"), str::to_string);
         write_hostname(&root, &hostname)?;
         forget_neighbours(&conf);
+        self.clear_stale_veths(vmid, &conf)?;
         let logfile = dir.join("console.log");
         let res = run(Command::new("lxc-start")
             .arg("-P")
@@ -62,6 +63,45 @@ impl Node {
             .arg("-P")
             .arg(self.lab.lxc_path())
             .args(["-n", &vmid.to_string(), "-s", "RUNNING", "-t", "10"]))?;
+        Ok(())
+    }
+
+    /// A stopped container's host-side veth goes away when its network namespace is torn
+    /// down, which the kernel does asynchronously; a quick restart (or a recreated vmid) can
+    /// find it still there, and lxc-start would fail with `File exists`. One on this lab's
+    /// bridge (or on none) is stale and removed; one on another bridge belongs to another lab.
+    fn clear_stale_veths(&self, vmid: u32, conf: &crate::pve::config::CtConfig) -> ApiResult<()> {
+        for key in conf
+            .main
+            .props
+            .keys()
+            .filter(|k| crate::pve::options::indexed(k, "net"))
+        {
+            let name = self.lab.veth(vmid, &key[3..]);
+            let path = std::path::Path::new("/sys/class/net").join(&name);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while path.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            if !path.exists() {
+                continue;
+            }
+            let master = std::fs::read_link(path.join("master")).ok();
+            let master = master
+                .as_ref()
+                .and_then(|m| m.file_name())
+                .map(|m| m.to_string_lossy().into_owned());
+            let ours = conf.main.props[key]
+                .contains(&format!("bridge={}", master.as_deref().unwrap_or("")))
+                || master.as_deref().is_none_or(|m| m == self.lab.bridge);
+            if !ours {
+                return Err(ApiError::die(format!(
+                    "interface {name} is in use on bridge '{}' (another lab with the same vmid?); set LAB_VETH_PREFIX for one of them",
+                    master.unwrap_or_default()
+                )));
+            }
+            let _ = Command::new("ip").args(["link", "del", &name]).output();
+        }
         Ok(())
     }
 

@@ -29,6 +29,47 @@ pub fn to_json(key: &str, value: &str) -> Value {
     Value::String(value.to_string())
 }
 
+/// The type check Proxmox makes on an option's value (kept here so the lab checks the common
+/// options even when the official schema is not available).
+pub fn check_type(key: &str, value: &str) -> Result<(), String> {
+    let ok = if INTEGER.contains(&key) {
+        value.trim().parse::<i64>().is_ok()
+    } else if BOOLEAN.contains(&key) {
+        value == "0" || value == "1"
+    } else if NUMBER.contains(&key) {
+        value.trim().parse::<f64>().is_ok()
+    } else {
+        return Ok(());
+    };
+    let ty = if INTEGER.contains(&key) {
+        "integer"
+    } else if BOOLEAN.contains(&key) {
+        "boolean"
+    } else {
+        "number"
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("type check ('{ty}') failed - got '{value}'"))
+    }
+}
+
+/// Type checks of all options; the errors as a 400 would carry them.
+pub fn check_types(
+    opts: &std::collections::BTreeMap<String, String>,
+) -> Result<(), crate::error::ApiError> {
+    let errors: std::collections::BTreeMap<String, String> = opts
+        .iter()
+        .filter_map(|(k, v)| check_type(k, v).err().map(|e| (k.clone(), e)))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::error::ApiError::params(errors))
+    }
+}
+
 /// A request value as it is written into a config (`true` becomes `1`).
 pub fn to_conf_value(v: &Value) -> String {
     match v {

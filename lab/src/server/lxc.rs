@@ -15,7 +15,7 @@ use crate::pve::perms::check_modify;
 
 use super::App;
 use super::http::Reply;
-use super::router::Ctx;
+use super::router::{Ctx, subdirs};
 
 /// Routes `rest` (the path below `/nodes/{node}`), or `None` when no handler matches.
 pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
@@ -35,12 +35,6 @@ pub fn route(app: &App, ctx: &Ctx, rest: &[&str]) -> Option<ApiResult<Reply>> {
         (&Method::POST, ["lxc", _, "status", action]) => power(app, ctx, action),
         _ => return None,
     })
-}
-
-fn subdirs(names: &[&str]) -> Reply {
-    Reply::data(Value::Array(
-        names.iter().map(|n| json!({ "subdir": n })).collect(),
-    ))
 }
 
 fn vmid(ctx: &Ctx) -> ApiResult<u32> {
@@ -168,6 +162,7 @@ fn create(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
             .filter(|(k, _)| !CREATE_ONLY.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), to_conf_value(v)))
             .collect();
+    crate::pve::options::check_types(&options)?;
     ctx.user.check(&format!("/vms/{vmid}"), &["VM.Allocate"])?;
     if !unprivileged {
         ctx.user.check("/", &["Sys.Modify"])?;
@@ -331,6 +326,7 @@ fn put_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
             ));
         }
     }
+    crate::pve::options::check_types(&set)?;
     let conf = app.node.load(vmid)?;
     let unprivileged = conf.get("unprivileged") == Some("1");
     check_modify(

@@ -176,7 +176,8 @@ fn not_implemented(ctx: &Ctx) -> ApiError {
     )
 }
 
-fn subdirs(names: &[&str]) -> Reply {
+/// A directory index (`[{"subdir": ...}]`).
+pub(super) fn subdirs(names: &[&str]) -> Reply {
     Reply::data(Value::Array(
         names.iter().map(|n| json!({ "subdir": n })).collect(),
     ))

@@ -67,7 +67,7 @@ fn content(app: &App, ctx: &Ctx, s: &str) -> ApiResult<Reply> {
     let filter_vmid = ctx.params.int("vmid")?;
     let mut out = Vec::new();
     if want.as_deref().is_none_or(|c| c == "vztmpl") {
-        for (volid, size, ctime) in crate::node::volumes_templates(&app.node) {
+        for (volid, size, ctime) in crate::node::volumes::templates(&app.node.lab) {
             out.push(json!({ "volid": volid, "format": template_format(&volid), "size": size, "ctime": ctime, "content": "vztmpl" }));
         }
     }

@@ -1,6 +1,7 @@
 //! Shared helpers for the lab's integration tests (run as root against real LXC).
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,16 +20,27 @@ pub fn lab() -> &'static LabEnv {
             c.call("GET", "/lab/status", &[])
                 .map_err(|e| anyhow::anyhow!("{e}"))
         });
-        match status {
-            Ok(s) if s["schema"] == "on" => eprintln!("lab: schema conformance layer: on"),
-            Ok(s) => eprintln!(
+        // Written past the test harness's capture, so every run says which it was.
+        let line = match status {
+            Ok(s) if s["schema"] == "on" => "lab: schema conformance layer: on".to_string(),
+            Ok(s) => format!(
                 "lab: schema conformance layer SKIPPED ({})",
                 s["schema"].as_str().unwrap_or("")
             ),
             Err(e) => panic!("lab status: {e}"),
-        }
+        };
+        let _ = writeln!(std::io::stderr(), "{line}");
         lab
     })
+}
+
+/// The lab's config lock directory (`/run/lock/lxc` unless `LAB_LOCK_DIR` moved it).
+pub fn lock_dir() -> String {
+    lab()
+        .vars
+        .get("LAB_LOCK_DIR")
+        .cloned()
+        .unwrap_or_else(|| "/run/lock/lxc".into())
 }
 
 /// True when requests are checked against the official schema.
