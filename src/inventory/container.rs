@@ -326,6 +326,18 @@ impl fmt::Display for GpuSelector {
     }
 }
 
+impl GpuSelector {
+    /// Parses `0` (an index) or `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (a UUID), as
+    /// written on command lines.
+    pub fn parse(s: &str) -> Result<GpuSelector, String> {
+        let s = s.trim();
+        match s.parse::<u32>() {
+            Ok(i) => Ok(GpuSelector::Index(i)),
+            Err(_) => parse_gpu_uuid(s),
+        }
+    }
+}
+
 fn parse_gpu_uuid(s: &str) -> Result<GpuSelector, String> {
     let hex = s.strip_prefix("GPU-").unwrap_or("");
     let groups: Vec<&str> = hex.split('-').collect();

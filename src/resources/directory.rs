@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Delta, Resource, mode_text};
+use super::{Delta, Resource, mode_text, owner_mode_changes};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute, Change};
@@ -51,17 +51,7 @@ impl Resource for DirectorySpec {
             )));
         }
         let mut d = Delta::new(Action::Update);
-        let found_owner = format!("{}:{}", found.owner, found.group);
-        if found_owner != owner {
-            d = d.attr(Attribute::change("owner", Some(found_owner), Some(owner)));
-        }
-        if found.mode != self.mode {
-            d = d.attr(Attribute::change(
-                "mode",
-                Some(mode_text(found.mode)),
-                Some(mode_text(self.mode)),
-            ));
-        }
+        d.attributes = owner_mode_changes(found, &self.owner, &self.group, self.mode);
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{Delta, Resource, mode_text, unified_diff};
+use super::{Delta, Resource, mode_text, owner_mode_changes, unified_diff};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute, Change};
@@ -64,17 +64,7 @@ impl Resource for FileSpec {
             return Ok(Some(d));
         }
         let mut d = Delta::new(Action::Update);
-        let found_owner = format!("{}:{}", found.owner, found.group);
-        if found_owner != owner {
-            d = d.attr(Attribute::change("owner", Some(found_owner), Some(owner)));
-        }
-        if found.mode != self.mode {
-            d = d.attr(Attribute::change(
-                "mode",
-                Some(mode_text(found.mode)),
-                Some(mode_text(self.mode)),
-            ));
-        }
+        d.attributes = owner_mode_changes(found, &self.owner, &self.group, self.mode);
         let want = self.sha256();
         if found.sha256.as_deref() != Some(want.as_str()) {
             d = d.attr(Attribute::change(

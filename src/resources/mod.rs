@@ -163,6 +163,31 @@ pub fn unified_diff(path: &str, old: Option<&str>, new: &str) -> String {
         .to_string()
 }
 
+/// The owner and mode attributes that differ between what was found and what is wanted.
+pub fn owner_mode_changes(
+    found: &crate::engine::facts::PathFact,
+    owner: &str,
+    group: &str,
+    mode: u32,
+) -> Vec<Attribute> {
+    let mut out = Vec::new();
+    let (have, want) = (
+        format!("{}:{}", found.owner, found.group),
+        format!("{owner}:{group}"),
+    );
+    if have != want {
+        out.push(Attribute::change("owner", Some(have), Some(want)));
+    }
+    if found.mode != mode {
+        out.push(Attribute::change(
+            "mode",
+            Some(mode_text(found.mode)),
+            Some(mode_text(mode)),
+        ));
+    }
+    out
+}
+
 /// Permission bits as `0644`.
 pub fn mode_text(mode: u32) -> String {
     format!("{mode:04o}")
