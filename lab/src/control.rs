@@ -301,10 +301,20 @@ fn start_sshd(lab: &Settings) -> Result<()> {
 pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
     let secrets = Secrets::load(lab)?;
     let fp = std::fs::read_to_string(lab.secrets_dir().join("fingerprint")).unwrap_or_default();
-    let template = crate::node::volumes::templates(lab)
+    // Storage keeps every template ever linked there: export the one the cache holds now
+    // (the current recipe), else the newest.
+    let mut labs: Vec<String> = crate::node::volumes::templates(lab)
         .into_iter()
         .map(|t| t.0)
-        .find(|v| v.contains("debian-12-lab_"))
+        .filter(|v| v.contains("debian-12-lab_"))
+        .collect();
+    labs.sort();
+    let cached = cached_template(lab)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let template = cached
+        .and_then(|c| labs.iter().find(|v| v.ends_with(&c)).cloned())
+        .or_else(|| labs.pop())
         .unwrap_or_default();
     let v = |k: &str, v: String| (k.to_string(), v);
     Ok(vec![
