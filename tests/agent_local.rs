@@ -93,12 +93,12 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let t = Arc::new(Counting::default());
     let want = desired(&root, "listen = 8080\n");
 
-    // First contact: one call finds no agent, one pushes it, one answers.
+    // First contact: one call finds no agent, one pushes it and answers.
     let p = plan("inv.yaml", &want, &mut |_| {
         Ok(ReadCtx::new(client(&t, &agent_dir)))
     })
     .unwrap();
-    assert_eq!(t.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(p.summary.create, 3, "{p:#?}");
     let pushed: Vec<_> = std::fs::read_dir(agent_dir.join("bin")).unwrap().collect();
     assert_eq!(pushed.len(), 1, "one agent binary, content-addressed");

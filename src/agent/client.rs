@@ -19,6 +19,8 @@ pub const DEFAULT_AGENT_DIR: &str = "/var/lib/provision";
 
 /// Marker the remote script prints when the agent binary is not there yet.
 const MISSING: &str = "provision-agent-missing";
+/// Marker the remote script prints when a pushed binary arrived damaged.
+const PUSH_FAILED: &str = "provision-agent-push-failed";
 /// Marker the remote script prints when the binary is there but cannot run.
 const EXEC_FAILED: &str = "provision-agent-exec-failed";
 
@@ -168,8 +170,7 @@ impl AgentClient {
         );
         let mut out = self.transport.exec(&script, &body, self.timeout)?;
         if out.stdout_text().trim() == MISSING {
-            self.push()?;
-            out = self.transport.exec(&script, &body, self.timeout)?;
+            out = self.push_and_call(&body)?;
         }
         let stderr = out.stderr_text();
         if stderr.contains(EXEC_FAILED) {
@@ -222,28 +223,38 @@ impl AgentClient {
         Ok(events)
     }
 
-    /// Installs this binary on the target, checked by sha256, and removes older ones.
-    fn push(&self) -> Result<(), AgentError> {
+    /// Installs this binary on the target (checked by sha256, older ones removed) and
+    /// answers the request in the same round trip: stdin is the request on one line (the
+    /// shell's `read` takes exactly that line), then the binary.
+    fn push_and_call(&self, body: &[u8]) -> Result<crate::transport::ExecOutput, AgentError> {
         let dir = shell_quote(&format!("{}/bin", self.dir));
         let dest = shell_quote(&self.remote_binary());
         let sha = &self.binary.sha256;
         let script = format!(
-            "set -e; umask 022; mkdir -p {dir}; t=$(mktemp {dir}/.push.XXXXXX); cat > \"$t\"; \
+            "set -e; umask 022; IFS= read -r req; mkdir -p {dir}; t=$(mktemp {dir}/.push.XXXXXX); cat > \"$t\"; \
              sum=$(sha256sum \"$t\" | cut -d' ' -f1); \
-             if [ \"$sum\" != {sha} ]; then rm -f \"$t\"; echo \"checksum $sum after transfer\" >&2; exit 3; fi; \
+             if [ \"$sum\" != {sha} ]; then rm -f \"$t\"; echo \"{PUSH_FAILED} checksum $sum after transfer\" >&2; exit 3; fi; \
              chmod 755 \"$t\"; mv -f \"$t\" {dest}; \
-             find {dir} -maxdepth 1 -name 'provision-*' ! -path {dest} -delete"
+             find {dir} -maxdepth 1 -name 'provision-*' ! -path {dest} -delete; \
+             set +e; printf '%s\\n' \"$req\" | {dest} agent; rc=$?; \
+             if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
+        // serde_json writes no raw newlines, so the request is exactly one line.
+        let mut stdin = body.to_vec();
+        stdin.push(b'\n');
+        stdin.extend_from_slice(self.binary.bytes());
         let out = self
             .transport
-            .exec(&script, self.binary.bytes(), Duration::from_secs(600))?;
-        if !out.success() {
+            .exec(&script, &stdin, Duration::from_secs(600))?;
+        if out.stderr_text().contains(PUSH_FAILED)
+            || (out.status == Some(3) && out.stdout.is_empty())
+        {
             return Err(AgentError::Push {
                 target: self.target(),
                 detail: out.stderr_text().trim().to_string(),
             });
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Answers every probe in one request; a probe without an answer is an error.
