@@ -29,18 +29,29 @@ pub struct Loaded {
 impl Loaded {
     /// A diagnostic at `pos` in this file (no location when `pos` is unknown).
     pub fn diag(&self, pos: Pos, message: impl Into<String>) -> Diagnostic {
-        let d = Diagnostic::new(message);
-        if pos.is_known() {
-            d.at(SourceLocation::new(
-                &self.path,
-                &self.source,
-                pos.line as usize,
-                pos.column as usize,
-                0,
-            ))
-        } else {
-            d.cause(format!("in {}", self.path.display()))
-        }
+        diagnostic_at(&self.path, &self.source, pos, message)
+    }
+}
+
+/// A diagnostic at `pos` in `file` (whose text is `source`); without a known position, it
+/// names the file.
+pub fn diagnostic_at(
+    file: &Path,
+    source: &str,
+    pos: Pos,
+    message: impl Into<String>,
+) -> Diagnostic {
+    let d = Diagnostic::new(message);
+    if pos.is_known() {
+        d.at(SourceLocation::new(
+            file,
+            source,
+            pos.line as usize,
+            pos.column as usize,
+            0,
+        ))
+    } else {
+        d.cause(format!("in {}", file.display()))
     }
 }
 

@@ -8,10 +8,7 @@ pub mod systemd;
 
 use std::path::{Path, PathBuf};
 
-use handlebars::{
-    Context, Handlebars, Helper, HelperResult, Output, RenderContext, RenderErrorReason,
-    handlebars_helper,
-};
+use handlebars::{Handlebars, handlebars_helper};
 use serde_json::Value;
 
 use crate::diagnostic::Diagnostic;
@@ -57,73 +54,15 @@ impl std::fmt::Debug for Renderer {
 }
 
 handlebars_helper!(eq_helper: |a: Value, b: Value| a == b);
-
-fn systemd_exec_helper(
-    h: &Helper<'_>,
-    _: &Handlebars<'_>,
-    _: &Context,
-    _: &mut RenderContext<'_, '_>,
-    out: &mut dyn Output,
-) -> HelperResult {
-    let words = h
-        .param(0)
-        .and_then(|p| p.value().as_array())
-        .ok_or_else(|| RenderErrorReason::Other("systemd_exec takes a list of words".into()))?;
-    let quoted: Vec<String> = words
-        .iter()
-        .map(|w| systemd::quote_exec_word(&scalar_text(w)))
-        .collect();
-    out.write(&quoted.join(" "))?;
-    Ok(())
-}
-
-fn systemd_env_helper(
-    h: &Helper<'_>,
-    _: &Handlebars<'_>,
-    _: &Context,
-    _: &mut RenderContext<'_, '_>,
-    out: &mut dyn Output,
-) -> HelperResult {
-    let name = h.param(0).map(|p| scalar_text(p.value()));
-    let value = h.param(1).map(|p| scalar_text(p.value()));
-    match (name, value) {
-        (Some(n), Some(v)) => {
-            out.write(&systemd::quote_environment(&n, &v))?;
-            Ok(())
-        }
-        _ => Err(RenderErrorReason::Other("systemd_env takes a name and a value".into()).into()),
-    }
-}
-
-fn shell_quote_helper(
-    h: &Helper<'_>,
-    _: &Handlebars<'_>,
-    _: &Context,
-    _: &mut RenderContext<'_, '_>,
-    out: &mut dyn Output,
-) -> HelperResult {
-    let word = h
-        .param(0)
-        .map(|p| scalar_text(p.value()))
-        .ok_or_else(|| RenderErrorReason::Other("shell_quote takes one word".into()))?;
-    out.write(&shell_quote(&word))?;
-    Ok(())
-}
-
-fn strip_root_helper(
-    h: &Helper<'_>,
-    _: &Handlebars<'_>,
-    _: &Context,
-    _: &mut RenderContext<'_, '_>,
-    out: &mut dyn Output,
-) -> HelperResult {
-    let path = h
-        .param(0)
-        .map(|p| scalar_text(p.value()))
-        .unwrap_or_default();
-    out.write(path.trim_start_matches('/'))?;
-    Ok(())
-}
+handlebars_helper!(systemd_exec_helper: |words: Vec<Value>| words
+    .iter()
+    .map(|w| systemd::quote_exec_word(&scalar_text(w)))
+    .collect::<Vec<_>>()
+    .join(" "));
+handlebars_helper!(systemd_env_helper: |name: Value, value: Value|
+    systemd::quote_environment(&scalar_text(&name), &scalar_text(&value)));
+handlebars_helper!(shell_quote_helper: |word: Value| shell_quote(&scalar_text(&word)));
+handlebars_helper!(strip_root_helper: |path: Value| scalar_text(&path).trim_start_matches('/').to_string());
 
 /// A JSON scalar as text (strings without quotes).
 pub fn scalar_text(v: &Value) -> String {

@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::{Renderer, list_dir};
-use crate::diagnostic::{Diagnostic, SourceLocation};
-use crate::inventory::load::parse_yaml;
+use crate::diagnostic::Diagnostic;
+use crate::inventory::load::{diagnostic_at, parse_yaml};
 use crate::inventory::spanned::Sp;
 use crate::resources::{ResourceSpec, parse_mode};
 
@@ -138,18 +138,7 @@ fn truthy(v: Option<&Value>) -> bool {
 
 impl Role {
     fn error_at(&self, pos: crate::inventory::Pos, message: String) -> Diagnostic {
-        let d = Diagnostic::new(message);
-        if pos.is_known() {
-            d.at(SourceLocation::new(
-                &self.path,
-                &self.source,
-                pos.line as usize,
-                pos.column as usize,
-                0,
-            ))
-        } else {
-            d.cause(format!("in role {}", self.path.display()))
-        }
+        diagnostic_at(&self.path, &self.source, pos, message)
     }
 
     /// Whether the role's `requires` hold in `ctx`; the first missing key otherwise.
