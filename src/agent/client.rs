@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -66,12 +66,19 @@ pub enum AgentError {
     },
 }
 
-/// This binary, as it is pushed to targets.
-#[derive(Debug)]
+/// This binary, as it is pushed to targets: read and hashed once per run.
 pub struct AgentBinary {
-    path: PathBuf,
     sha256: String,
-    bytes: OnceLock<Vec<u8>>,
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for AgentBinary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentBinary")
+            .field("sha256", &self.sha256)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
 }
 
 impl AgentBinary {
@@ -88,13 +95,7 @@ impl AgentBinary {
     pub fn from_path(path: PathBuf) -> std::io::Result<Self> {
         let bytes = std::fs::read(&path)?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        let cell = OnceLock::new();
-        let _ = cell.set(bytes);
-        Ok(AgentBinary {
-            path,
-            sha256,
-            bytes: cell,
-        })
+        Ok(AgentBinary { sha256, bytes })
     }
 
     /// The binary's sha256.
@@ -103,8 +104,7 @@ impl AgentBinary {
     }
 
     fn bytes(&self) -> &[u8] {
-        self.bytes
-            .get_or_init(|| std::fs::read(&self.path).unwrap_or_default())
+        &self.bytes
     }
 }
 

@@ -39,12 +39,8 @@ struct FactsArgs {
     /// Print the facts as JSON.
     #[arg(long)]
     json: bool,
-    /// Read /proc and /dev under this folder instead (testing only).
-    #[arg(long, hide = true, default_value = "")]
-    root: String,
-    /// Also write the raw output this was read from to FILE (testing: fixture captures).
-    #[arg(long, hide = true, value_name = "FILE")]
-    save_raw: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    capture: Capture,
 }
 
 #[derive(Debug, Args)]
@@ -70,7 +66,14 @@ struct CheckArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
-    /// Read /proc and library folders under this folder instead (testing only).
+    #[command(flatten)]
+    capture: Capture,
+}
+
+/// Testing-only flags of the readers: a fake root, and saving what was read as a fixture.
+#[derive(Debug, Args)]
+struct Capture {
+    /// Read /proc, /dev and library folders under this folder instead (testing only).
     #[arg(long, hide = true, default_value = "")]
     root: String,
     /// Also write the raw output this was read from to FILE (testing: fixture captures).
@@ -170,10 +173,10 @@ fn facts(
     printer: &Printer,
 ) -> anyhow::Result<ExitStatus> {
     let sources = FactSources {
-        root: args.root.clone(),
+        root: args.capture.root.clone(),
     };
     let (facts, raw) = gpu::facts::gather_node_facts_raw(transport, &sources)?;
-    save_raw(args.save_raw.as_deref(), &raw)?;
+    save_raw(args.capture.save_raw.as_deref(), &raw)?;
     if args.json {
         printer.result(&format!("{}\n", serde_json::to_string_pretty(&facts)?));
     } else {
@@ -267,10 +270,10 @@ fn check(
                 venv: venv.clone(),
                 tp,
             }),
-        root: args.root.clone(),
+        root: args.capture.root.clone(),
     };
     let (report, raw) = gpu::checks::run_guest_checks_raw(transport, &expect)?;
-    save_raw(args.save_raw.as_deref(), &raw)?;
+    save_raw(args.capture.save_raw.as_deref(), &raw)?;
     if args.json {
         printer.result(&format!("{}\n", serde_json::to_string_pretty(&report)?));
         return Ok(report.exit_status());
