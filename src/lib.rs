@@ -4,6 +4,7 @@
 //! ([`engine::desired`], using [`render`] for templates and roles) → actual state read in
 //! batches → [`plan::Plan`] (a value) → apply executes exactly that plan → verify.
 
+pub mod access;
 pub mod agent;
 pub mod cli;
 pub mod diagnostic;

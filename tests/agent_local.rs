@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use provision::agent::client::{AgentBinary, AgentClient};
-use provision::engine::online::{ReadCtx, apply, plan};
+use provision::access::{TargetReader, TargetWriter};
+use provision::agent::client::{AgentBinary, AgentReader, AgentWriter};
+use provision::engine::online::{apply, plan};
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};
 use provision::resources::ResourceSpec;
@@ -43,8 +44,12 @@ fn binary() -> Arc<AgentBinary> {
     Arc::new(AgentBinary::from_path(env!("CARGO_BIN_EXE_provision").into()).unwrap())
 }
 
-fn client(t: &Arc<Counting>, agent_dir: &Path) -> AgentClient {
-    AgentClient::new(t.clone(), binary()).with_dir(agent_dir.to_str().unwrap())
+fn reader(t: &Arc<Counting>, agent_dir: &Path) -> Box<dyn TargetReader> {
+    Box::new(AgentReader::new(t.clone(), binary()).with_dir(agent_dir.to_str().unwrap()))
+}
+
+fn writer(t: &Arc<Counting>, agent_dir: &Path) -> Box<dyn TargetWriter> {
+    Box::new(AgentWriter::new(t.clone(), binary()).with_dir(agent_dir.to_str().unwrap()))
 }
 
 fn desired(root: &Path, content: &str) -> Vec<DesiredTarget> {
@@ -94,10 +99,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, &mut |_| {
-        Ok(ReadCtx::new(client(&t, &agent_dir)))
-    })
-    .unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(p.summary.create, 3, "{p:#?}");
     let pushed: Vec<_> = std::fs::read_dir(agent_dir.join("bin")).unwrap().collect();
@@ -105,10 +107,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, &mut |_| {
-        Ok(ReadCtx::new(client(&t, &agent_dir)))
-    })
-    .unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
     // Apply: one round trip for the steps, one to verify.
@@ -116,7 +115,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let outcomes = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(writer(&t, &agent_dir)),
         &mut |_, _| {},
     )
     .unwrap();
@@ -132,19 +131,13 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, &mut |_| {
-        Ok(ReadCtx::new(client(&t, &agent_dir)))
-    })
-    .unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     assert!(!p.summary.has_changes(), "{p:#?}");
     assert_eq!(p.summary.unchanged, 3);
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, &mut |_| {
-        Ok(ReadCtx::new(client(&t, &agent_dir)))
-    })
-    .unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     let c = &p.targets[0].changes;
     assert_eq!(c.len(), 1);
     assert_eq!(c[0].action, Action::Update);
@@ -159,7 +152,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(writer(&t, &agent_dir)),
         &mut |_, _| {},
     )
     .unwrap();
@@ -176,14 +169,11 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, &mut |_| {
-        Ok(ReadCtx::new(client(&t, &agent_dir)))
-    })
-    .unwrap();
+    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(writer(&t, &agent_dir)),
         &mut |_, _| {},
     )
     .unwrap_err();
@@ -222,4 +212,110 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
         "{text}"
     );
     assert!(!connected);
+}
+
+/// A second provision version: the same program with other bytes, so another sha256.
+fn other_version(dir: &Path) -> Arc<AgentBinary> {
+    let path = dir.join("provision-other");
+    let mut bytes = std::fs::read(env!("CARGO_BIN_EXE_provision")).unwrap();
+    bytes.extend_from_slice(b"\0another provision version\0");
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    Arc::new(AgentBinary::from_path(path).unwrap())
+}
+
+fn cached(agent_dir: &Path) -> Vec<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out: Vec<(String, u64)> = std::fs::read_dir(agent_dir.join("bin"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().ino(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn two_versions_reading_one_target_keep_each_others_agent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent_dir = tmp.path().join("agent");
+    let root = tmp.path().join("root");
+    let want = desired(&root, "listen = 8080\n");
+    let t = Arc::new(Counting::default());
+    let (a, b) = (binary(), other_version(tmp.path()));
+    let read_with = |bin: &Arc<AgentBinary>| {
+        let bin = bin.clone();
+        let t = t.clone();
+        let dir = agent_dir.clone();
+        plan("inv.yaml", &want, &mut move |_| {
+            Ok(Box::new(
+                AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
+            ))
+        })
+        .unwrap()
+    };
+    read_with(&a);
+    read_with(&b);
+    let both = cached(&agent_dir);
+    assert_eq!(both.len(), 2, "{both:?}");
+    // Alternating checks: each finds its own agent where it left it, in one round trip.
+    for bin in [&a, &b, &a, &b] {
+        t.calls.store(0, Ordering::SeqCst);
+        let p = read_with(bin);
+        assert_eq!(p.summary.create, 3);
+        assert_eq!(t.calls.load(Ordering::SeqCst), 1, "no push again");
+        assert_eq!(cached(&agent_dir), both, "same binaries, same inodes");
+    }
+    assert!(
+        !root.exists(),
+        "reading wrote nothing outside the agent cache"
+    );
+
+    // An apply by B prunes A only once A has been unused for days.
+    let p = read_with(&b);
+    let apply_b = |p: &provision::plan::Plan| {
+        apply(
+            p,
+            Default::default(),
+            &mut |_| {
+                Ok(Box::new(
+                    AgentWriter::new(t.clone(), b.clone()).with_dir(agent_dir.to_str().unwrap()),
+                ))
+            },
+            &mut |_, _| {},
+        )
+        .unwrap()
+    };
+    apply_b(&p);
+    assert_eq!(cached(&agent_dir), both, "A was used just now: kept");
+    let a_path = agent_dir.join("bin").join(
+        &both
+            .iter()
+            .find(|(n, _)| a.sha256().starts_with(&n[10..]))
+            .unwrap()
+            .0,
+    );
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(30 * 24 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&a_path)
+        .unwrap()
+        .set_times(
+            std::fs::FileTimes::new()
+                .set_accessed(long_ago)
+                .set_modified(long_ago),
+        )
+        .unwrap();
+    std::fs::write(root.join("etc/app/app.conf"), "drift\n").unwrap();
+    apply_b(&read_with(&b));
+    assert!(!a_path.exists(), "unused for 30 days: pruned by an apply");
+    assert_eq!(cached(&agent_dir).len(), 1);
+    // A comes back by itself on its next read.
+    read_with(&a);
+    assert_eq!(cached(&agent_dir).len(), 2);
 }

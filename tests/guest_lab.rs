@@ -242,3 +242,51 @@ fn host_keys_unknown_then_accepted_then_changed_is_refused() {
     assert!(err.contains("changed"), "{err}");
     assert!(err.contains("ssh-keygen"), "{err}");
 }
+
+#[test]
+fn two_provision_versions_alternating_checks_keep_each_others_agent() {
+    let g = Guest::new("twover");
+    g.inventory("        packages: [openssh-server]\n");
+    // Another version: the same program with other bytes, hence another sha256.
+    let other = g.dir.path().join("provision-other");
+    let mut bytes = std::fs::read(env!("CARGO_BIN_EXE_provision")).unwrap();
+    bytes.extend_from_slice(b"\0another provision version\0");
+    std::fs::write(&other, bytes).unwrap();
+    let other = other.to_str().unwrap().to_string();
+    let check_other = || {
+        let out = g.provision_env(&["check"], &[("PROVISION_AGENT_BINARY", &other)]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    g.expect(&["check"], 0);
+    check_other();
+    let cache = || g.sh("stat -c '%n %i %s %Y' /var/lib/provision/bin/* | sort");
+    let target = || {
+        g.sh(
+            "find / -xdev -path /proc -prune -o -path /var/lib/provision/bin -prune -o \
+              -path /run -prune -o -path /tmp -prune -o -path /var/log -prune -o \
+              -path /var/lib/systemd -prune -o -path /var/cache -prune -o \
+              -newermt '-1 hour' -printf '%p %s %T@\\n' | sort | md5sum",
+        )
+    };
+    let (both, rest) = (cache(), target());
+    assert_eq!(both.lines().count(), 2, "{both}");
+    for _ in 0..2 {
+        g.expect(&["check"], 0);
+        check_other();
+        assert_eq!(
+            cache(),
+            both,
+            "a check removed or replaced another version's agent"
+        );
+    }
+    assert_eq!(
+        target(),
+        rest,
+        "checks changed the target outside the agent cache"
+    );
+}

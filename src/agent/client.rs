@@ -1,6 +1,13 @@
 //! The client side of the agent: make sure the target has this very binary (by sha256),
 //! then send it one request. When the binary is already there, a request is one round
 //! trip; the first contact costs one more, to push it.
+//!
+//! Two types, one per right: [`AgentReader`] only answers probes ([`TargetReader`]);
+//! [`AgentWriter`] also runs steps ([`TargetWriter`]). Both may add this binary to the
+//! target's agent cache (`<dir>/bin/provision-<sha256 prefix>`), which is content-addressed
+//! and shared by every provision version: neither removes anything from it. Only the agent
+//! itself prunes, at the end of an apply, and only binaries unused for days and not running
+//! (see [`super::cache`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,9 +16,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::steps::Step;
 use super::{Event, PROTOCOL_VERSION, Request};
-use crate::engine::facts::{Fact, Probe};
+use crate::access::{AccessError, Op, OpOutcome, TargetReader, TargetWriter};
+use crate::engine::facts::{Fact, Facts, Probe};
 use crate::transport::{Transport, TransportError, shell_quote};
 
 /// Where agents live on targets, unless `PROVISION_AGENT_DIR` says otherwise (tests).
@@ -108,33 +115,19 @@ impl AgentBinary {
     }
 }
 
-/// Talks to the agent on one target.
-pub struct AgentClient {
+/// The connection both clients share: a transport, the binary and where it lives.
+struct Conn {
     transport: Arc<dyn Transport>,
     binary: Arc<AgentBinary>,
     dir: String,
     timeout: Duration,
 }
 
-/// How one step of an apply went.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepOutcome {
-    /// What it did.
-    pub description: String,
-    /// Why it failed, if it did.
-    pub error: Option<String>,
-    /// What it reported (a service's health verdict).
-    pub detail: Option<serde_json::Value>,
-    /// How long it took.
-    pub millis: u64,
-}
-
-impl AgentClient {
-    /// A client for `transport`'s target.
-    pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
+impl Conn {
+    fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
         let dir =
             std::env::var("PROVISION_AGENT_DIR").unwrap_or_else(|_| DEFAULT_AGENT_DIR.to_string());
-        AgentClient {
+        Conn {
             transport,
             binary,
             dir,
@@ -142,14 +135,7 @@ impl AgentClient {
         }
     }
 
-    /// Keeps agents under `dir` on the target instead of the default.
-    pub fn with_dir(mut self, dir: &str) -> Self {
-        self.dir = dir.to_string();
-        self
-    }
-
-    /// The target, for messages.
-    pub fn target(&self) -> String {
+    fn target(&self) -> String {
         self.transport.describe()
     }
 
@@ -158,7 +144,7 @@ impl AgentClient {
     }
 
     /// Sends one request; pushes the binary first if the target lacks it.
-    pub fn call(&self, request: &Request) -> Result<Vec<Event>, AgentError> {
+    fn call(&self, request: &Request) -> Result<Vec<Event>, AgentError> {
         let body = serde_json::to_vec(request).map_err(|e| AgentError::Protocol {
             target: self.target(),
             detail: e.to_string(),
@@ -169,7 +155,10 @@ impl AgentClient {
              if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
         let mut out = self.transport.exec(&script, &body, self.timeout)?;
-        if out.stdout_text().trim() == MISSING {
+        // 127 with no output: the binary vanished between the test and exec (pruned by
+        // an apply of another version after days unused); push it again.
+        let vanished = out.status == Some(127) && out.stdout.is_empty();
+        if vanished || out.stdout_text().trim() == MISSING {
             out = self.push_and_call(&body)?;
         }
         let stderr = out.stderr_text();
@@ -223,8 +212,8 @@ impl AgentClient {
         Ok(events)
     }
 
-    /// Installs this binary on the target (checked by sha256, older ones removed) and
-    /// answers the request in the same round trip: stdin is the request on one line (the
+    /// Adds this binary to the target's agent cache (checked by sha256; nothing else there
+    /// is touched) and answers the request in the same round trip: stdin is the request on one line (the
     /// shell's `read` takes exactly that line), then the binary.
     fn push_and_call(&self, body: &[u8]) -> Result<crate::transport::ExecOutput, AgentError> {
         let dir = shell_quote(&format!("{}/bin", self.dir));
@@ -235,7 +224,6 @@ impl AgentClient {
              sum=$(sha256sum \"$t\" | cut -d' ' -f1); \
              if [ \"$sum\" != {sha} ]; then rm -f \"$t\"; echo \"{PUSH_FAILED} checksum $sum after transfer\" >&2; exit 3; fi; \
              chmod 755 \"$t\"; mv -f \"$t\" {dest}; \
-             find {dir} -maxdepth 1 -name 'provision-*' ! -path {dest} -delete; \
              set +e; printf '%s\\n' \"$req\" | {dest} agent; rc=$?; \
              if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
@@ -258,16 +246,10 @@ impl AgentClient {
     }
 
     /// Answers every probe in one request; a probe without an answer is an error.
-    pub fn probe(&self, probes: &[Probe]) -> Result<HashMap<Probe, Fact>, AgentError> {
-        self.probe_with(probes, false)
-    }
-
-    /// [`Self::probe`], re-hashing model files when `verify_full`.
-    pub fn probe_with(
-        &self,
-        probes: &[Probe],
-        verify_full: bool,
-    ) -> Result<HashMap<Probe, Fact>, AgentError> {
+    fn probe(&self, probes: &[Probe], verify_full: bool) -> Result<Facts, AgentError> {
+        if probes.is_empty() {
+            return Ok(Facts::Read(HashMap::new()));
+        }
         let events = self.call(&Request::Probe {
             probes: probes.to_vec(),
             verify_full,
@@ -282,7 +264,7 @@ impl AgentClient {
                 target: self.target(),
                 detail: "no facts in the answer".into(),
             })?;
-        let mut facts = HashMap::new();
+        let mut facts: HashMap<Probe, Fact> = HashMap::new();
         for a in answers {
             match (a.fact, a.error) {
                 (Some(f), None) => {
@@ -306,15 +288,90 @@ impl AgentClient {
                 });
             }
         }
-        Ok(facts)
+        Ok(Facts::Read(facts))
+    }
+}
+
+/// Read access to one target through its agent: probes only.
+pub struct AgentReader {
+    conn: Conn,
+    verify_full: bool,
+}
+
+impl AgentReader {
+    /// A reader for `transport`'s target.
+    pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
+        AgentReader {
+            conn: Conn::new(transport, binary),
+            verify_full: false,
+        }
     }
 
+    /// Keeps agents under `dir` on the target instead of the default.
+    pub fn with_dir(mut self, dir: &str) -> Self {
+        self.conn.dir = dir.to_string();
+        self
+    }
+
+    /// Re-hash model files instead of trusting their verification records (still only
+    /// reading: the records are not rewritten).
+    pub fn verify_full(mut self, full: bool) -> Self {
+        self.verify_full = full;
+        self
+    }
+}
+
+impl TargetReader for AgentReader {
+    fn describe(&self) -> String {
+        self.conn.target()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        Ok(self.conn.probe(probes, self.verify_full)?)
+    }
+}
+
+/// Write access to one target through its agent: probes and steps.
+pub struct AgentWriter {
+    conn: Conn,
+}
+
+impl AgentWriter {
+    /// A writer for `transport`'s target.
+    pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
+        AgentWriter {
+            conn: Conn::new(transport, binary),
+        }
+    }
+
+    /// Keeps agents under `dir` on the target instead of the default.
+    pub fn with_dir(mut self, dir: &str) -> Self {
+        self.conn.dir = dir.to_string();
+        self
+    }
+}
+
+impl TargetReader for AgentWriter {
+    fn describe(&self) -> String {
+        self.conn.target()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        Ok(self.conn.probe(probes, false)?)
+    }
+}
+
+impl TargetWriter for AgentWriter {
     /// Runs the steps in order on the target; the outcomes of those that ran (the last
-    /// one failed if the list is shorter than `steps`, or carries an error).
-    pub fn apply(&self, steps: &[Step]) -> Result<Vec<StepOutcome>, AgentError> {
-        let events = self.call(&Request::Apply {
-            steps: steps.to_vec(),
-        })?;
+    /// one failed if the list is shorter than `ops`, or carries an error).
+    fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
+        let steps = ops
+            .iter()
+            .map(|op| match op {
+                Op::Guest(step) => step.clone(),
+            })
+            .collect();
+        let events = self.conn.call(&Request::Apply { steps })?;
         let mut outcomes = Vec::new();
         let mut pending: Option<String> = None;
         for e in events {
@@ -325,7 +382,7 @@ impl AgentClient {
                     detail,
                     millis,
                     ..
-                } => outcomes.push(StepOutcome {
+                } => outcomes.push(OpOutcome {
                     description: pending.take().unwrap_or_default(),
                     error,
                     detail,
@@ -336,7 +393,7 @@ impl AgentClient {
         }
         if let Some(description) = pending {
             // Started and never finished: the agent died in the middle of it.
-            outcomes.push(StepOutcome {
+            outcomes.push(OpOutcome {
                 description,
                 error: Some("the agent stopped during this step".into()),
                 detail: None,

@@ -4,6 +4,7 @@
 //! round trip, all steps of an apply in one more, and large work (hashing, downloads) next
 //! to the data instead of through the workstation.
 
+pub mod cache;
 pub mod client;
 pub mod deploy;
 pub mod preflight;
@@ -102,6 +103,10 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
         writeln!(output, "{line}")?;
         output.flush()
     };
+    // From the agent cache: hold our binary (shared lock, last use stamped) so that no
+    // prune removes it while this request runs.
+    let exe = std::env::current_exe().ok().filter(|p| cache::is_cached(p));
+    let _hold = exe.as_deref().and_then(|p| cache::hold(p).ok());
     emit(&Event::Hello {
         protocol: PROTOCOL_VERSION,
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -160,6 +165,13 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                 if failed {
                     break;
                 }
+            }
+            // Only an apply prunes the cache, and only what is long unused and not running;
+            // a failure to prune never fails the apply.
+            if let Some(exe) = &exe
+                && let Some(bin) = exe.parent()
+            {
+                let _ = cache::prune(bin, exe, cache::PRUNE_AFTER);
             }
             Ok(())
         }

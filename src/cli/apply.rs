@@ -8,7 +8,7 @@ use clap::Args;
 use console::Style;
 
 use super::plan::{print_plan, read_plan};
-use super::targets::{TargetArgs, connect};
+use super::targets::{TargetArgs, connect_writer};
 use super::{ExitStatus, prepare};
 use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
@@ -59,7 +59,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         online::ApplyOptions {
             rollback: !args.no_rollback,
         },
-        &mut |target| connect(&loaded, target, &args.targets, &binary),
+        &mut |target| connect_writer(&loaded, target, &args.targets, &binary),
         &mut |target, step| {
             let mark = if step.error.is_none() {
                 green.apply_to("done")

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::targets::{TargetArgs, connect, select};
+use super::targets::{TargetArgs, connect_reader, select};
 use super::{ExitStatus, Prepared, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
-use crate::engine::online::{self, ReadCtx};
+use crate::engine::online;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
 
@@ -66,8 +66,7 @@ pub fn read_plan(
     let loaded = &prepared.loaded;
     online::plan(inventory, &desired, &mut |target| {
         printer.status(&format!("reading {}", target.heading()));
-        Ok(ReadCtx::new(connect(loaded, target, targets, &binary)?)
-            .verify_full(targets.verify_full))
+        connect_reader(loaded, target, targets, &binary)
     })
 }
 

@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::agent::client::{AgentBinary, AgentClient};
+use crate::access::{TargetReader, TargetWriter};
+use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
 use crate::plan::Target;
+use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -71,18 +73,38 @@ pub fn select(
         .collect())
 }
 
-/// Connects to a target's agent.
-pub fn connect(
+/// Read access to a target (for `plan` and `check`).
+pub fn connect_reader(
     loaded: &Loaded,
     target: &Target,
     args: &TargetArgs,
     binary: &Arc<AgentBinary>,
-) -> anyhow::Result<AgentClient> {
+) -> anyhow::Result<Box<dyn TargetReader>> {
+    let transport = transport(loaded, target, args)?;
+    Ok(Box::new(
+        AgentReader::new(transport, binary.clone()).verify_full(args.verify_full),
+    ))
+}
+
+/// Write access to a target (for `apply` only).
+pub fn connect_writer(
+    loaded: &Loaded,
+    target: &Target,
+    args: &TargetArgs,
+    binary: &Arc<AgentBinary>,
+) -> anyhow::Result<Box<dyn TargetWriter>> {
+    let transport = transport(loaded, target, args)?;
+    Ok(Box::new(AgentWriter::new(transport, binary.clone())))
+}
+
+/// The transport to a target's agent.
+fn transport(
+    loaded: &Loaded,
+    target: &Target,
+    args: &TargetArgs,
+) -> anyhow::Result<Arc<dyn Transport>> {
     match target {
-        Target::Guest { name, .. } => {
-            let transport = crate::cli::ssh::guest_transport(loaded, name, args)?;
-            Ok(AgentClient::new(transport, binary.clone()))
-        }
+        Target::Guest { name, .. } => crate::cli::ssh::guest_transport(loaded, name, args),
         Target::Container { name, .. } => Err(Diagnostic::new(format!(
             "cannot read container `{name}`'s Proxmox config: the Proxmox API client is not built yet"
         ))

@@ -1,74 +1,31 @@
-//! Planning against real targets and applying plans. Reading goes through [`ReadCtx`],
-//! which has no way to change a target; only [`apply`] builds a [`WriteCtx`], so `check`
-//! and `plan` cannot reach a write path by construction.
+//! Planning against real targets and applying plans. [`plan`] is handed only
+//! [`TargetReader`]s, which have no way to change a target; only [`apply`] is handed
+//! [`TargetWriter`]s, so `check` and `plan` cannot reach a write path by construction.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::facts::Facts;
 use super::{Desired, DesiredTarget, diff_target};
-use crate::agent::client::{AgentClient, AgentError, StepOutcome};
+use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::agent::deploy::DeployReport;
 use crate::agent::steps::Step;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 
-/// Read access to one target.
-pub struct ReadCtx {
-    agent: AgentClient,
-    verify_full: bool,
-}
-
-impl ReadCtx {
-    /// Read access through `agent`.
-    pub fn new(agent: AgentClient) -> Self {
-        ReadCtx {
-            agent,
-            verify_full: false,
-        }
-    }
-
-    /// Re-hash model files instead of trusting their verification records.
-    pub fn verify_full(mut self, full: bool) -> Self {
-        self.verify_full = full;
-        self
-    }
-
-    /// Answers all `probes` in one request.
-    pub fn facts(&self, desired: &DesiredTarget) -> Result<Facts, AgentError> {
-        let probes = desired.probes();
-        if probes.is_empty() {
-            return Ok(Facts::Read(Default::default()));
-        }
-        self.agent
-            .probe_with(&probes, self.verify_full)
-            .map(Facts::Read)
-    }
-}
-
-/// Write access to one target; made only by [`apply`].
-struct WriteCtx {
-    agent: AgentClient,
-}
-
 /// Plans `desired` against what `read` finds on each target.
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
-    read: &mut dyn FnMut(&Target) -> anyhow::Result<ReadCtx>,
+    read: &mut dyn FnMut(&Target) -> anyhow::Result<Box<dyn TargetReader>>,
 ) -> anyhow::Result<Plan> {
     let mut targets = Vec::new();
     for d in desired {
-        let ctx = read(&d.target)?;
-        targets.push(read_and_diff(&ctx, d)?);
+        let reader = read(&d.target)?;
+        let facts = reader.read(&d.probes())?;
+        targets.push(diff_target(d, &facts)?);
     }
     Ok(Plan::new(inventory, PlanMode::Online, targets))
-}
-
-fn read_and_diff(ctx: &ReadCtx, desired: &DesiredTarget) -> anyhow::Result<TargetPlan> {
-    let facts = ctx.facts(desired)?;
-    Ok(diff_target(desired, &facts)?)
 }
 
 /// What one target's apply did.
@@ -76,8 +33,8 @@ fn read_and_diff(ctx: &ReadCtx, desired: &DesiredTarget) -> anyhow::Result<Targe
 pub struct TargetOutcome {
     /// The target.
     pub target: Target,
-    /// Each step run, in order.
-    pub steps: Vec<StepOutcome>,
+    /// Each operation run, in order.
+    pub steps: Vec<OpOutcome>,
     /// How long the target took, steps and verification.
     pub millis: u64,
 }
@@ -101,10 +58,10 @@ impl Default for ApplyOptions {
 pub fn apply(
     plan: &Plan,
     options: ApplyOptions,
-    connect: &mut dyn FnMut(&Target) -> anyhow::Result<AgentClient>,
-    on_step: &mut dyn FnMut(&Target, &StepOutcome),
+    connect: &mut dyn FnMut(&Target) -> anyhow::Result<Box<dyn TargetWriter>>,
+    on_step: &mut dyn FnMut(&Target, &OpOutcome),
 ) -> anyhow::Result<Vec<TargetOutcome>> {
-    let mut work: Vec<(&TargetPlan, Vec<Step>)> = Vec::new();
+    let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
         let mut steps = Vec::new();
@@ -131,7 +88,7 @@ pub fn apply(
             }
         }
         if !t.changes.is_empty() {
-            work.push((t, steps));
+            work.push((t, steps.into_iter().map(Op::Guest).collect()));
         }
     }
     if !unsupported.is_empty() {
@@ -147,10 +104,8 @@ pub fn apply(
     let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
     for (t, steps) in work {
         let started = Instant::now();
-        let ctx = WriteCtx {
-            agent: connect(&t.target)?,
-        };
-        let results = ctx.agent.apply(&steps)?;
+        let writer = connect(&t.target)?;
+        let results = writer.run(&steps)?;
         for r in &results {
             on_step(&t.target, r);
         }
@@ -201,7 +156,7 @@ pub fn apply(
                 degraded.push((t.target.heading(), unit, name, notes));
             }
         }
-        verify(&ctx, t, &skip)?;
+        verify(writer.as_ref(), t, &skip)?;
         outcomes.push(TargetOutcome {
             target: t.target.clone(),
             steps: results,
@@ -241,7 +196,7 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
 }
 
 /// Reads the changed resources again: an apply that did not converge is an error.
-fn verify(ctx: &WriteCtx, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()> {
+fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()> {
     let desired = DesiredTarget {
         target: t.target.clone(),
         resources: t
@@ -254,7 +209,7 @@ fn verify(ctx: &WriteCtx, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()>
             })
             .collect(),
     };
-    let facts = ctx.agent.probe(&desired.probes()).map(Facts::Read)?;
+    let facts = writer.read(&desired.probes())?;
     let after = diff_target(&desired, &facts)?;
     // A service restarted because a dependency changed shows up as changed again only
     // through that dependency, which is now in place; anything left differs for real.

@@ -155,6 +155,11 @@ impl Guest {
     /// Runs provision against the inventory, on the guest target only (the Proxmox side is
     /// another issue's), with this test's own known_hosts.
     pub fn provision(&self, args: &[&str]) -> Output {
+        self.provision_env(args, &[])
+    }
+
+    /// [`Self::provision`] with extra environment variables.
+    pub fn provision_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let inventory = self.dir.path().join("inventory.yaml");
         let known_hosts = self.dir.path().join("known_hosts");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
@@ -166,7 +171,8 @@ impl Guest {
             .arg("--accept-new-host-keys")
             .arg(&inventory)
             .env("NO_COLOR", "1")
-            .env_remove("SSH_AUTH_SOCK");
+            .env_remove("SSH_AUTH_SOCK")
+            .envs(env.iter().copied());
         cmd.output().unwrap()
     }
 
