@@ -2,8 +2,7 @@
 //! `check` hold only a [`TargetReader`], which has no method that changes anything; only
 //! `apply` is handed a [`TargetWriter`], which runs [`Op`]s.
 
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, Probe};
+use crate::resources::wire::{Facts, Probe, Step};
 
 /// One operation of an apply, by what carries it out.
 ///

@@ -11,6 +11,7 @@ pub mod diagnostic;
 pub mod engine;
 pub mod gpu;
 pub mod health;
+pub mod host;
 pub mod hub;
 pub mod inventory;
 pub mod plan;

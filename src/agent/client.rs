@@ -16,9 +16,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{Event, PROTOCOL_VERSION, Request};
 use crate::access::{AccessError, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::engine::facts::{Fact, Facts, Probe};
+use crate::resources::wire::{Event, Fact, Facts, PROTOCOL_VERSION, Probe, Request};
 use crate::transport::{Transport, TransportError, shell_quote};
 
 /// Where agents live on targets, unless `PROVISION_AGENT_DIR` says otherwise (tests).

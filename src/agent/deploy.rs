@@ -9,9 +9,9 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::steps::write_file_atomic;
 use crate::health::Verdict;
 use crate::health::watch::{WatchSpec, journal_cursor, unit_properties, watch};
+use crate::host::write_file_atomic;
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";

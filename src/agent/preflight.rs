@@ -147,7 +147,7 @@ pub fn release_rules(
 
 /// The installed SGLang's version, from its dist-info in the venv.
 fn installed_version(venv: &str) -> Option<String> {
-    let fact = crate::agent::probe::venv(Path::new(venv)).ok()??;
+    let fact = crate::resources::venv::read(Path::new(venv)).ok()??;
     fact.packages.get("sglang").cloned()
 }
 

@@ -2,12 +2,11 @@
 //! batched per target ([`facts`]), and the diff that makes the [`Plan`].
 
 pub mod desired;
-pub mod facts;
 pub mod online;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;
-use facts::{Facts, NotRead, Probe};
+use crate::resources::wire::{Facts, NotRead, Probe};
 
 /// A resource wanted on a target, and the role that asked for it.
 #[derive(Debug, Clone)]

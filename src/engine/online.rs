@@ -8,10 +8,10 @@ use std::time::Instant;
 use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::agent::deploy::DeployReport;
-use crate::agent::steps::Step;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;
+use crate::resources::wire::Step;
 
 /// Plans `desired` against what `read` finds on each target.
 pub fn plan(

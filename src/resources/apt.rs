@@ -1,10 +1,12 @@
 //! Debian packages, present (optionally at a version), installed in one transaction.
 
+use std::collections::BTreeMap;
+use std::fs;
+
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages to have installed: `name` or `name=version`.
@@ -75,5 +77,87 @@ impl Resource for AptSpec {
         Ok(vec![Step::AptInstall {
             packages: self.packages.clone(),
         }])
+    }
+}
+
+/// Installed versions from dpkg's status file (no `dpkg-query` process needed).
+pub fn packages(names: &[String]) -> Result<BTreeMap<String, Option<String>>, String> {
+    let status = match fs::read_to_string("/var/lib/dpkg/status") {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(format!(
+                "cannot read /var/lib/dpkg/status (is this Debian or Ubuntu?): {e}"
+            ));
+        }
+    };
+    Ok(parse_dpkg_status(&status, names))
+}
+
+/// The versions of `names` installed according to a dpkg status file's text.
+pub fn parse_dpkg_status(status: &str, names: &[String]) -> BTreeMap<String, Option<String>> {
+    let mut out: BTreeMap<String, Option<String>> =
+        names.iter().map(|n| (n.clone(), None)).collect();
+    for stanza in status.split("\n\n") {
+        let mut package = None;
+        let mut installed = false;
+        let mut version = None;
+        for line in stanza.lines() {
+            if let Some(v) = line.strip_prefix("Package: ") {
+                package = Some(v.trim());
+            } else if let Some(v) = line.strip_prefix("Status: ") {
+                installed = v.trim().ends_with(" installed");
+            } else if let Some(v) = line.strip_prefix("Version: ") {
+                version = Some(v.trim().to_string());
+            }
+        }
+        if let (Some(p), true) = (package, installed)
+            && let Some(slot) = out.get_mut(p)
+        {
+            *slot = version;
+        }
+    }
+    out
+}
+
+/// Installs Debian packages in one non-interactive transaction.
+pub fn install(packages: &[String]) -> Result<(), String> {
+    let env = [
+        ("DEBIAN_FRONTEND", "noninteractive"),
+        ("NEEDRESTART_MODE", "a"),
+    ];
+    let mut args: Vec<String> = [
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        "-o",
+        "Dpkg::Options::=--force-confdef",
+        "-o",
+        "Dpkg::Options::=--force-confold",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(packages.iter().cloned());
+    // Try with the lists as they are first; refresh them only when that fails, so a
+    // converged host does not hit its mirror on every apply.
+    if crate::host::run("apt-get", &args, &env).is_ok() {
+        return Ok(());
+    }
+    crate::host::run("apt-get", &["update".into(), "-q".into()], &env)?;
+    crate::host::run("apt-get", &args, &env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dpkg_status_installed_only() {
+        let status = "Package: git\nStatus: install ok installed\nVersion: 1:2.39.5-0+deb12u2\n\nPackage: vim\nStatus: deinstall ok config-files\nVersion: 2:9.0\n";
+        let got = parse_dpkg_status(status, &["git".into(), "vim".into(), "curl".into()]);
+        assert_eq!(got["git"].as_deref(), Some("1:2.39.5-0+deb12u2"));
+        assert_eq!(got["vim"], None);
+        assert_eq!(got["curl"], None);
     }
 }

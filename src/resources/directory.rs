@@ -1,10 +1,13 @@
 //! A directory with owner, group and mode.
 
+use std::fs;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
+use super::file::PathKind;
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, mode_text, owner_mode_changes};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute, Change};
 
 /// A directory's desired state.
@@ -63,4 +66,10 @@ impl Resource for DirectorySpec {
             mode: self.mode,
         }])
     }
+}
+
+/// Makes a directory (and its parents) with owner and mode.
+pub fn mkdir(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), String> {
+    fs::create_dir_all(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    crate::host::set_owner_mode(path, owner, group, mode)
 }

@@ -1,11 +1,16 @@
 //! A file with content, owner, group and mode. Written atomically and read back (apply).
 
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, mode_text, owner_mode_changes, unified_diff};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, PathKind, Probe};
 use crate::plan::{Action, Attribute, Change};
 
 /// A file's desired state.
@@ -91,5 +96,123 @@ impl Resource for FileSpec {
             group: self.group.clone(),
             mode: self.mode,
         }])
+    }
+}
+
+// The agent side: what is at a path.
+
+/// Files up to this size are hashed; larger ones (not config files) are only stat'ed.
+const HASH_LIMIT: u64 = 256 * 1024 * 1024;
+
+/// Files up to this size are sent back whole when they are text, for diffs.
+const CONTENT_LIMIT: u64 = 256 * 1024;
+
+/// The kind of thing at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else (socket, device ...).
+    Other,
+}
+
+/// What is at a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathFact {
+    /// Its kind.
+    pub kind: PathKind,
+    /// Permission bits (`0o644`).
+    pub mode: u32,
+    /// Owner name (or uid when unnamed).
+    pub owner: String,
+    /// Group name (or gid when unnamed).
+    pub group: String,
+    /// Size in bytes (files).
+    pub size: u64,
+    /// sha256 of the content (files).
+    pub sha256: Option<String>,
+    /// The content when it is small UTF-8 text, for diffs.
+    pub content: Option<String>,
+}
+
+/// What is at `path` (not following a final symlink).
+pub fn path_fact(path: &Path) -> Result<Option<PathFact>, String> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot stat {}: {e}", path.display())),
+    };
+    let ft = meta.file_type();
+    let kind = if ft.is_file() {
+        PathKind::File
+    } else if ft.is_dir() {
+        PathKind::Dir
+    } else if ft.is_symlink() {
+        PathKind::Symlink
+    } else {
+        PathKind::Other
+    };
+    let (users, groups) = crate::host::id_names();
+    let name =
+        |map: &BTreeMap<u32, String>, id: u32| map.get(&id).cloned().unwrap_or(id.to_string());
+    let mut fact = PathFact {
+        kind,
+        mode: meta.permissions().mode() & 0o7777,
+        owner: name(&users, meta.uid()),
+        group: name(&groups, meta.gid()),
+        size: meta.len(),
+        sha256: None,
+        content: None,
+    };
+    if kind == PathKind::File && meta.len() <= HASH_LIMIT {
+        let mut file =
+            fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut hasher = Sha256::new();
+        let mut small = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            if meta.len() <= CONTENT_LIMIT {
+                small.extend_from_slice(&buf[..n]);
+            }
+        }
+        fact.sha256 = Some(hex::encode(hasher.finalize()));
+        if meta.len() <= CONTENT_LIMIT {
+            fact.content = String::from_utf8(small).ok();
+        }
+    }
+    Ok(Some(fact))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_fact_of_a_file_and_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x.conf");
+        fs::write(&f, "hello\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+        let fact = path_fact(&f).unwrap().unwrap();
+        assert_eq!(fact.kind, PathKind::File);
+        assert_eq!(fact.mode, 0o640);
+        assert_eq!(fact.content.as_deref(), Some("hello\n"));
+        assert_eq!(
+            fact.sha256.as_deref(),
+            Some("5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03")
+        );
+        assert_eq!(path_fact(&dir.path().join("nope")).unwrap(), None);
     }
 }

@@ -1,10 +1,12 @@
 //! A git checkout at a pinned commit.
 
+use std::path::Path;
+use std::process::Command;
+
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute, Change};
 
 /// A checkout's desired state.
@@ -70,4 +72,84 @@ impl Resource for GitCheckoutSpec {
             path: self.path.clone(),
         }])
     }
+}
+
+/// A git checkout as found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitFact {
+    /// HEAD's commit.
+    pub head: String,
+    /// `origin`'s URL.
+    pub origin: Option<String>,
+    /// Whether tracked files differ from HEAD.
+    pub dirty: bool,
+}
+
+/// A git checkout through git itself (HEAD, origin, local changes to tracked files).
+pub fn read(path: &Path) -> Result<Option<GitFact>, String> {
+    if !path.join(".git").exists() {
+        return Ok(None);
+    }
+    let run = |args: &[&str]| -> Result<String, String> {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(path)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run git: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(format!(
+                "git {} in {} failed: {}",
+                args.join(" "),
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    let head = run(&["rev-parse", "HEAD"])?;
+    let origin = run(&["config", "--get", "remote.origin.url"]).ok();
+    let dirty = !run(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Ok(Some(GitFact {
+        head,
+        origin,
+        dirty,
+    }))
+}
+
+/// Checks out a commit (cloning first if needed), discarding local changes.
+pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), String> {
+    let git = |args: &[&str]| -> Result<(), String> {
+        let mut full = vec!["-C".to_string(), path.to_string()];
+        full.extend(args.iter().map(|s| s.to_string()));
+        crate::host::run("git", &full, &[])
+    };
+    if !Path::new(path).join(".git").exists() {
+        crate::host::run(
+            "git",
+            &[
+                "clone".into(),
+                "--no-checkout".into(),
+                repo.to_string(),
+                path.to_string(),
+            ],
+            &[],
+        )?;
+    }
+    let has_commit = Command::new("git")
+        .args([
+            "-C",
+            path,
+            "cat-file",
+            "-e",
+            &format!("{revision}^{{commit}}"),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_commit {
+        git(&["fetch", "--quiet", "origin"])?;
+    }
+    git(&["checkout", "--quiet", "--force", "--detach", revision])?;
+    git(&["reset", "--quiet", "--hard", revision])
 }

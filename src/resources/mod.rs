@@ -14,12 +14,12 @@ pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
 pub mod venv;
+pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute, Change};
+use wire::{Facts, NotRead, Probe, Step};
 
 /// Every kind of resource, tagged by `kind` as roles and plans write it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,7 +165,7 @@ pub fn unified_diff(path: &str, old: Option<&str>, new: &str) -> String {
 
 /// The owner and mode attributes that differ between what was found and what is wanted.
 pub fn owner_mode_changes(
-    found: &crate::engine::facts::PathFact,
+    found: &file::PathFact,
     owner: &str,
     group: &str,
     mode: u32,

@@ -1,10 +1,11 @@
 //! A Hugging Face model in a folder, downloaded on the target and verified.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::{ModelPull, Step};
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::secret::SecretRef;
 use crate::plan::{Action, Attribute, Change};
 
@@ -136,5 +137,110 @@ impl Resource for ModelSpec {
             // byte that kept size and mtime is found and fetched again.
             verify_full: change.action != crate::plan::Action::Create,
         }))])
+    }
+}
+
+/// A model folder's verification record, summarised.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFact {
+    /// Repository recorded.
+    pub repo: String,
+    /// Commit recorded.
+    pub commit: String,
+    /// Whether every recorded file still matches its size, mtime and inode.
+    pub intact: bool,
+    /// Files that no longer match.
+    pub changed: Vec<String>,
+}
+
+/// A model folder's verification record, summarised for the planner: metadata only
+/// (size, mtime, inode per file), or every file re-hashed with `full`.
+pub fn read(path: &Path, full: bool) -> Result<Option<ModelFact>, String> {
+    use crate::hub::{Problem, StoreState};
+    let status = crate::hub::status(path, None).map_err(|e| e.to_string())?;
+    if status.state == StoreState::NoRecord {
+        if !path.exists() {
+            return Ok(None);
+        }
+        // Files without a record are unverified: the pull adopts those that hash right.
+        return Ok(Some(ModelFact {
+            repo: String::new(),
+            commit: String::new(),
+            intact: false,
+            changed: vec!["(no verification record)".into()],
+        }));
+    }
+    let mut fact = ModelFact {
+        repo: status.repo.clone().unwrap_or_default(),
+        commit: status.commit.clone().unwrap_or_default(),
+        intact: status.state == StoreState::Verified,
+        changed: status
+            .changed
+            .iter()
+            .map(|p| format!("{p} changed since it was verified"))
+            .collect(),
+    };
+    if full && fact.intact {
+        let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let report = crate::hub::verify(path, true, jobs, &crate::hub::NoProgress)
+            .map_err(|e| e.to_string())?;
+        if !report.problems.is_empty() {
+            fact.intact = false;
+            fact.changed = report
+                .problems
+                .iter()
+                .map(|p| match p {
+                    Problem::Incomplete => "the last pull did not finish".to_string(),
+                    Problem::Missing { path } => format!("{path} is missing"),
+                    Problem::SizeChanged { path, .. } => format!("{path} changed size"),
+                    Problem::Mismatch { path, .. } => {
+                        format!("{path} no longer matches its sha256")
+                    }
+                })
+                .collect();
+        }
+    }
+    Ok(Some(fact))
+}
+
+/// A model download (the model store's engine, run on the target).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelPull {
+    /// The hub.
+    pub endpoint: String,
+    /// `org/name`.
+    pub repo: String,
+    /// Branch, tag or commit.
+    pub revision: String,
+    /// Include globs.
+    pub include: Vec<String>,
+    /// Exclude globs.
+    pub exclude: Vec<String>,
+    /// The model's folder.
+    pub dest: String,
+    /// The token for gated repositories (redacted in `Debug`).
+    pub token: Option<crate::inventory::secret::Secret>,
+    /// Re-hash files already in place instead of trusting the record.
+    pub verify_full: bool,
+}
+
+impl ModelPull {
+    /// Runs the download on this machine.
+    pub fn run(&self) -> Result<crate::hub::PullReport, String> {
+        let mut req =
+            crate::hub::PullRequest::new(&self.repo, &self.revision, Path::new(&self.dest));
+        req.endpoint = self.endpoint.clone();
+        req.include = self.include.clone();
+        req.exclude = self.exclude.clone();
+        req.token = self.token.clone();
+        req.verify_full = self.verify_full;
+        crate::hub::pull(&req, &crate::hub::NoProgress).map_err(|e| {
+            let hints = e.hints();
+            let mut text = e.to_string();
+            for h in hints {
+                text += &format!("\nhint: {h}");
+            }
+            text
+        })
     }
 }

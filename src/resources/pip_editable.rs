@@ -3,9 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 

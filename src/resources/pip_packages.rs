@@ -3,9 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
@@ -88,4 +87,36 @@ impl Resource for PipPackagesSpec {
             wheelhouse: self.wheelhouse.clone(),
         }])
     }
+}
+
+/// `pip install` into a venv: pinned requirements, or one source folder with `editable`.
+pub fn install(
+    venv: &str,
+    requirements: &[String],
+    editable: bool,
+    index_url: Option<&str>,
+    extra_index_urls: &[String],
+    wheelhouse: Option<&str>,
+) -> Result<(), String> {
+    let mut args: Vec<String> = vec![
+        "install".into(),
+        "--no-input".into(),
+        "--disable-pip-version-check".into(),
+        "--no-warn-script-location".into(),
+    ];
+    match (wheelhouse, index_url) {
+        (Some(w), _) => {
+            args.extend(["--no-index".into(), "--find-links".into(), w.to_string()]);
+        }
+        (None, Some(u)) => args.extend(["--index-url".into(), u.to_string()]),
+        (None, None) => {}
+    }
+    for u in extra_index_urls {
+        args.extend(["--extra-index-url".into(), u.clone()]);
+    }
+    if editable {
+        args.push("-e".into());
+    }
+    args.extend(requirements.iter().cloned());
+    crate::host::run(&format!("{venv}/bin/pip"), &args, &[])
 }

@@ -3,9 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::plan::{Action, Attribute, Change};
 
 /// Config lines a role owns in one container's config.

@@ -1,13 +1,15 @@
 //! A systemd service: enabled, running, restarted only when something it depends on
 //! changed, and health-gated after every (re)start.
 
+use std::collections::BTreeMap;
+use std::process::Command;
+
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
 use crate::agent::deploy::{Deploy, FallbackUnit, loaded_differences_of};
 use crate::agent::preflight::PreflightSpec;
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::health::watch::WatchSpec;
 use crate::plan::{Action, Attribute, Change};
 
@@ -169,4 +171,55 @@ impl Resource for ServiceSpec {
             fallbacks: self.fallbacks.clone(),
         })])
     }
+}
+
+/// A systemd unit's state (a subset of `systemctl show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitFact {
+    /// Properties by name.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// The unit properties the service resource and the health gate read.
+pub const UNIT_PROPERTIES: &[&str] = &[
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "UnitFileState",
+    "NRestarts",
+    "ExecMainStatus",
+    "ExecMainPID",
+    "MainPID",
+    "NeedDaemonReload",
+    "FragmentPath",
+    "ExecStart",
+    "Environment",
+    "Result",
+];
+
+/// A unit's state from `systemctl show`; `None` when systemd does not know it.
+pub fn read_unit(name: &str) -> Result<Option<UnitFact>, String> {
+    let out = Command::new("systemctl")
+        .arg("show")
+        .arg(format!("--property={}", UNIT_PROPERTIES.join(",")))
+        .arg("--")
+        .arg(name)
+        .output()
+        .map_err(|e| format!("cannot run systemctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "systemctl show {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let properties: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if properties.get("LoadState").map(String::as_str) == Some("not-found") {
+        return Ok(None);
+    }
+    Ok(Some(UnitFact { properties }))
 }

@@ -1,10 +1,14 @@
 //! A Python virtual environment at a path with a Python release.
 
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
+use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
 /// A venv's desired state.
@@ -56,5 +60,123 @@ impl Resource for VenvSpec {
             python: self.python.clone(),
             replace: change.action == Action::Replace,
         }])
+    }
+}
+
+/// A venv as found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VenvFact {
+    /// `MAJOR.MINOR` of its Python.
+    pub python: String,
+    /// Installed distributions: normalised name to version.
+    pub packages: BTreeMap<String, String>,
+    /// Editable installs: normalised name to the source folder.
+    pub editable: BTreeMap<String, String>,
+}
+
+/// A venv: Python release from `pyvenv.cfg`, distributions from `*.dist-info`.
+pub fn read(path: &Path) -> Result<Option<VenvFact>, String> {
+    let cfg = match fs::read_to_string(path.join("pyvenv.cfg")) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}/pyvenv.cfg: {e}", path.display())),
+    };
+    let version = cfg
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| matches!(k.trim(), "version" | "version_info"))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    let python = version.split('.').take(2).collect::<Vec<_>>().join(".");
+    let mut packages = BTreeMap::new();
+    let mut editable = BTreeMap::new();
+    let lib = path.join("lib");
+    let pythons = fs::read_dir(&lib).map_err(|e| format!("cannot read {}: {e}", lib.display()))?;
+    for py in pythons.flatten() {
+        let site = py.path().join("site-packages");
+        let Ok(entries) = fs::read_dir(&site) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.extension().is_none_or(|e| e != "dist-info") {
+                continue;
+            }
+            let Ok(meta) = fs::read_to_string(p.join("METADATA")) else {
+                continue;
+            };
+            let field = |name: &str| {
+                meta.lines()
+                    .take_while(|l| !l.is_empty())
+                    .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            };
+            let (Some(name), Some(ver)) = (field("Name:"), field("Version:")) else {
+                continue;
+            };
+            let key = normalize_package_name(&name);
+            if let Ok(direct) = fs::read_to_string(p.join("direct_url.json"))
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&direct)
+                && v["dir_info"]["editable"] == serde_json::Value::Bool(true)
+                && let Some(url) = v["url"].as_str()
+            {
+                editable.insert(key.clone(), url.trim_start_matches("file://").to_string());
+            }
+            packages.insert(key, ver);
+        }
+    }
+    Ok(Some(VenvFact {
+        python,
+        packages,
+        editable,
+    }))
+}
+
+/// Makes a venv, removing a wrong one first when `replace`.
+pub fn create(path: &str, python: &str, replace: bool) -> Result<(), String> {
+    if replace && Path::new(path).exists() {
+        fs::remove_dir_all(path).map_err(|e| format!("cannot remove the old venv {path}: {e}"))?;
+    }
+    crate::host::run(
+        &format!("python{python}"),
+        &["-m".into(), "venv".into(), path.to_string()],
+        &[],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn venv_from_dist_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = dir.path();
+        fs::write(v.join("pyvenv.cfg"), "home = /usr/bin\nversion = 3.11.2\n").unwrap();
+        let site = v.join("lib/python3.11/site-packages");
+        for (name, ver, editable) in [
+            ("Torch", "2.9.1", None),
+            ("sglang", "0.5.10", Some("/root/sglang-main/python")),
+        ] {
+            let d = site.join(format!("{name}-{ver}.dist-info"));
+            fs::create_dir_all(&d).unwrap();
+            fs::write(
+                d.join("METADATA"),
+                format!("Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n\nbody"),
+            )
+            .unwrap();
+            if let Some(src) = editable {
+                fs::write(
+                    d.join("direct_url.json"),
+                    format!("{{\"url\": \"file://{src}\", \"dir_info\": {{\"editable\": true}}}}"),
+                )
+                .unwrap();
+            }
+        }
+        let fact = read(v).unwrap().unwrap();
+        assert_eq!(fact.python, "3.11");
+        assert_eq!(fact.packages["torch"], "2.9.1");
+        assert_eq!(fact.editable["sglang"], "/root/sglang-main/python");
+        assert_eq!(read(&v.join("absent")).unwrap(), None);
     }
 }

@@ -1,0 +1,179 @@
+//! Primitives the agent uses on the machine it runs on: running a program, looking up
+//! users and groups, and writing a file atomically. Every kind's agent-side code goes
+//! through these, so each exists once.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sha2::{Digest, Sha256};
+
+/// Runs a program, failing with its output's tail when it exits non-zero.
+pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+    if text.trim().is_empty() {
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+    }
+    let tail: Vec<&str> = text
+        .lines()
+        .rev()
+        .take(15)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    Err(format!(
+        "{program} {} exited with {}:\n{}",
+        args.join(" "),
+        out.status
+            .code()
+            .map_or("a signal".to_string(), |c| c.to_string()),
+        tail.join("\n")
+    ))
+}
+
+/// A user (in `/etc/passwd`) or group (in `/etc/group`) id by name; numbers pass as they are.
+pub fn lookup_id(file: &str, name: &str) -> Result<u32, String> {
+    if let Ok(n) = name.parse() {
+        return Ok(n);
+    }
+    fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {file}: {e}"))?
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            (f.next()? == name).then(|| f.nth(1)?.parse().ok())?
+        })
+        .ok_or_else(|| {
+            format!(
+                "no such {}: {name}",
+                if file.ends_with("passwd") {
+                    "user"
+                } else {
+                    "group"
+                }
+            )
+        })
+}
+
+/// Owner and group names from /etc/passwd and /etc/group (uid/gid as text when unnamed).
+pub fn id_names() -> (BTreeMap<u32, String>, BTreeMap<u32, String>) {
+    let read = |file: &str| -> BTreeMap<u32, String> {
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                let name = f.next()?;
+                let id = f.nth(1)?.parse().ok()?;
+                Some((id, name.to_string()))
+            })
+            .collect()
+    };
+    (read("/etc/passwd"), read("/etc/group"))
+}
+
+/// Sets owner, group and permission bits of `path`.
+pub fn set_owner_mode(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), String> {
+    let uid = lookup_id("/etc/passwd", owner)?;
+    let gid = lookup_id("/etc/group", group)?;
+    chown(path, Some(uid), Some(gid))
+        .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
+}
+
+/// Writes `bytes` to `path` atomically with owner and mode, then reads it back and
+/// compares sha256: a write that did not land is an error, not a success.
+pub fn write_file_atomic(
+    path: &Path,
+    bytes: &[u8],
+    owner: &str,
+    group: &str,
+    mode: u32,
+) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| format!("{} has no parent folder", path.display()))?;
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp: PathBuf = dir.join(format!(".{name}.provision-{}", std::process::id()));
+    let result = (|| {
+        let mut f =
+            fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        f.write_all(bytes)
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        f.sync_all()
+            .map_err(|e| format!("cannot sync {}: {e}", tmp.display()))?;
+        drop(f);
+        set_owner_mode(&tmp, owner, group, mode)?;
+        fs::rename(&tmp, path)
+            .map_err(|e| format!("cannot rename into {}: {e}", path.display()))?;
+        // The rename is durable only once the folder is synced.
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result?;
+    let back = fs::read(path).map_err(|e| format!("cannot read back {}: {e}", path.display()))?;
+    let (want, got) = (Sha256::digest(bytes), Sha256::digest(&back));
+    if want != got {
+        return Err(format!(
+            "{} reads back different from what was written (sha256 {} instead of {})",
+            path.display(),
+            hex::encode(got),
+            hex::encode(want)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn atomic_write_replaces_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/unit.service");
+        write_file_atomic(&p, b"one\n", "root", "root", 0o644).unwrap();
+        write_file_atomic(&p, b"two\n", "root", "root", 0o600).unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "two\n");
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
+        // No temp files left behind.
+        assert_eq!(fs::read_dir(p.parent().unwrap()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn unknown_owner_fails_before_the_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        fs::write(&p, "old").unwrap();
+        let e = write_file_atomic(&p, b"new", "no-such-user-xyz", "root", 0o644).unwrap_err();
+        assert!(e.contains("no such user"), "{e}");
+        assert_eq!(fs::read_to_string(&p).unwrap(), "old");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,427 @@
+//! The vocabulary that travels between the workstation and the agent: [`Probe`]s (read-only
+//! questions, batched per target), the [`Fact`]s that answer them, the [`Step`]s an apply
+//! runs, and the [`Request`]/[`Event`] envelope. This is the one list of kinds' wire types;
+//! each variant's payload, and the agent-side code that answers or runs it, lives in its
+//! kind's file. A probe that was not answered is an error, never "absent": a timeout or a
+//! 401 must not plan a create.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::apt;
+use super::cuda::{self, CudaFact};
+use super::directory;
+use super::file::{self, PathFact};
+use super::git_checkout::{self, GitFact};
+use super::model::{self, ModelFact, ModelPull};
+use super::pip_packages;
+use super::service::{self, UnitFact};
+use super::venv::{self, VenvFact};
+
+/// Bumped whenever the request or event format changes incompatibly; the client refuses
+/// an agent speaking another version (the binary's hash changes anyway).
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What the client asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Answer these probes.
+    Probe {
+        /// The probes.
+        probes: Vec<Probe>,
+        /// Re-hash model files instead of trusting their verification records.
+        #[serde(default)]
+        verify_full: bool,
+    },
+    /// Run these steps in order, stopping at the first failure.
+    Apply {
+        /// The steps.
+        steps: Vec<Step>,
+    },
+}
+
+/// One probe's answer, or why it has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The probe.
+    pub probe: Probe,
+    /// The fact, when it could be read.
+    pub fact: Option<Fact>,
+    /// Why it could not be read.
+    pub error: Option<String>,
+}
+
+/// What the agent says, one JSON object per line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The first line: who is answering.
+    Hello {
+        /// [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// provision's version.
+        version: String,
+    },
+    /// Answers to a probe request.
+    Facts {
+        /// One per probe, in order.
+        answers: Vec<Answer>,
+    },
+    /// A step began.
+    StepStarted {
+        /// Its index in the request.
+        index: usize,
+        /// What it does.
+        description: String,
+    },
+    /// A step ended.
+    StepDone {
+        /// Its index.
+        index: usize,
+        /// Why it failed, if it did.
+        error: Option<String>,
+        /// What it reports (a service's health verdict).
+        #[serde(default)]
+        detail: Option<serde_json::Value>,
+        /// How long it took.
+        millis: u64,
+    },
+    /// The request could not be read.
+    BadRequest {
+        /// Why.
+        error: String,
+    },
+}
+
+/// A read-only question about a target.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "probe", rename_all = "snake_case")]
+pub enum Probe {
+    /// A path: type, owner, mode, and for files size, sha256 and (small text) content.
+    Path {
+        /// Absolute path.
+        path: String,
+    },
+    /// Installed versions of Debian packages.
+    Packages {
+        /// Package names.
+        names: Vec<String>,
+    },
+    /// A Python venv: its Python release and installed distributions.
+    Venv {
+        /// The venv's folder.
+        path: String,
+    },
+    /// A git checkout: HEAD commit, origin URL, local changes.
+    Git {
+        /// The checkout's folder.
+        path: String,
+    },
+    /// A CUDA toolkit: its release from `version.json` and `nvcc --version`.
+    Cuda {
+        /// The toolkit's home.
+        home: String,
+    },
+    /// A systemd unit's state.
+    Unit {
+        /// Unit name.
+        name: String,
+    },
+    /// A model folder's verification record.
+    Model {
+        /// The model's folder.
+        path: String,
+    },
+    /// A container's Proxmox configuration (through the node's API).
+    PveContainer {
+        /// vmid.
+        vmid: u64,
+    },
+}
+
+/// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "fact", content = "value", rename_all = "snake_case")]
+pub enum Fact {
+    /// Answer to [`Probe::Path`].
+    Path(Option<PathFact>),
+    /// Answer to [`Probe::Packages`]: each name to its installed version, if installed.
+    Packages(BTreeMap<String, Option<String>>),
+    /// Answer to [`Probe::Venv`].
+    Venv(Option<VenvFact>),
+    /// Answer to [`Probe::Git`].
+    Git(Option<GitFact>),
+    /// Answer to [`Probe::Cuda`].
+    Cuda(Option<CudaFact>),
+    /// Answer to [`Probe::Unit`] (`None`: the unit is not known to systemd).
+    Unit(Option<UnitFact>),
+    /// Answer to [`Probe::Model`].
+    Model(Option<ModelFact>),
+    /// Answer to [`Probe::PveContainer`]: the main section's `key: value` lines in file
+    /// order (raw `lxc.*` keys may repeat).
+    PveContainer(Option<Vec<(String, String)>>),
+}
+
+/// A probe that has no answer: the read failed or was never made.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("no answer was read for {0:?}")]
+pub struct NotRead(pub Probe);
+
+/// The answers for one target.
+#[derive(Debug, Clone)]
+pub enum Facts {
+    /// The empty world of `plan --offline`: every probe is answered "not there".
+    Empty,
+    /// Answers read from the target.
+    Read(HashMap<Probe, Fact>),
+}
+
+macro_rules! accessor {
+    ($(#[$doc:meta])* $fn:ident, $variant:ident, $ty:ty) => {
+        $(#[$doc])*
+        pub fn $fn(&self, probe: &Probe) -> Result<Option<&$ty>, NotRead> {
+            match self {
+                Facts::Empty => Ok(None),
+                Facts::Read(map) => match map.get(probe) {
+                    Some(Fact::$variant(v)) => Ok(v.as_ref()),
+                    _ => Err(NotRead(probe.clone())),
+                },
+            }
+        }
+    };
+}
+
+impl Facts {
+    accessor!(
+        /// What is at a path.
+        path, Path, PathFact
+    );
+    accessor!(
+        /// A venv.
+        venv, Venv, VenvFact
+    );
+    accessor!(
+        /// A git checkout.
+        git, Git, GitFact
+    );
+    accessor!(
+        /// A CUDA toolkit.
+        cuda, Cuda, CudaFact
+    );
+    accessor!(
+        /// A systemd unit.
+        unit, Unit, UnitFact
+    );
+    accessor!(
+        /// A model's record.
+        model, Model, ModelFact
+    );
+    accessor!(
+        /// A container's Proxmox config.
+        pve_container, PveContainer, Vec<(String, String)>
+    );
+
+    /// Installed versions of packages (empty world: none installed).
+    pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
+        match self {
+            Facts::Empty => Ok(BTreeMap::new()),
+            Facts::Read(map) => match map.get(probe) {
+                Some(Fact::Packages(v)) => Ok(v.clone()),
+                _ => Err(NotRead(probe.clone())),
+            },
+        }
+    }
+}
+
+/// Answers one probe. Errors reading what exists are reported in the fact's absence only
+/// when the thing is truly absent; anything else is an `Err`.
+pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
+    Ok(match probe {
+        Probe::Path { path } => Fact::Path(file::path_fact(Path::new(path))?),
+        Probe::Packages { names } => Fact::Packages(apt::packages(names)?),
+        Probe::Venv { path } => Fact::Venv(venv::read(Path::new(path))?),
+        Probe::Git { path } => Fact::Git(git_checkout::read(Path::new(path))?),
+        Probe::Cuda { home } => Fact::Cuda(cuda::read(Path::new(home))),
+        Probe::Unit { name } => Fact::Unit(service::read_unit(name)?),
+        Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
+        Probe::PveContainer { .. } => {
+            return Err(
+                "a container's Proxmox config is read through the node's API, not the agent".into(),
+            );
+        }
+    })
+}
+
+/// One change to make on the target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    /// Write a file atomically and verify it by reading it back.
+    WriteFile {
+        /// Absolute path.
+        path: String,
+        /// Content.
+        content: String,
+        /// Owner name.
+        owner: String,
+        /// Group name.
+        group: String,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// Make a directory (and its parents) with owner and mode.
+    Mkdir {
+        /// Absolute path.
+        path: String,
+        /// Owner name.
+        owner: String,
+        /// Group name.
+        group: String,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// Install Debian packages in one non-interactive transaction.
+    AptInstall {
+        /// `name` or `name=version`.
+        packages: Vec<String>,
+    },
+    /// Make a venv (removing a wrong one first when `replace`).
+    CreateVenv {
+        /// The venv's folder.
+        path: String,
+        /// `MAJOR.MINOR`.
+        python: String,
+        /// Remove what is there first.
+        replace: bool,
+    },
+    /// `pip install` into a venv.
+    PipInstall {
+        /// The venv's folder.
+        venv: String,
+        /// Requirements (`name==version`) or, with `editable`, the one source folder.
+        requirements: Vec<String>,
+        /// Install the (single) requirement as an editable source folder.
+        editable: bool,
+        /// `--index-url`.
+        index_url: Option<String>,
+        /// `--extra-index-url`s.
+        extra_index_urls: Vec<String>,
+        /// `--no-index --find-links` folder.
+        wheelhouse: Option<String>,
+    },
+    /// Download a model next to its storage, every file verified.
+    ModelPull(Box<ModelPull>),
+    /// Check a service's new argv before anything of it is written or restarted.
+    Preflight(crate::agent::preflight::PreflightSpec),
+    /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
+    /// back.
+    DeployService(crate::agent::deploy::Deploy),
+    /// Check out a commit of a repository (cloning first if needed), discarding local
+    /// changes.
+    GitCheckout {
+        /// Repository URL.
+        repo: String,
+        /// Commit.
+        revision: String,
+        /// The checkout's folder.
+        path: String,
+    },
+}
+
+impl Step {
+    /// A short description for progress lines.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::WriteFile { path, .. } => format!("write {path}"),
+            Step::Mkdir { path, .. } => format!("mkdir {path}"),
+            Step::AptInstall { packages } => format!("apt-get install {}", packages.join(" ")),
+            Step::CreateVenv { path, python, .. } => format!("python{python} -m venv {path}"),
+            Step::PipInstall {
+                venv,
+                requirements,
+                editable,
+                ..
+            } => format!(
+                "pip install{} {} into {venv}",
+                if *editable { " -e" } else { "" },
+                requirements.join(" ")
+            ),
+            Step::GitCheckout { path, revision, .. } => {
+                format!("git checkout {revision} in {path}")
+            }
+            Step::Preflight(p) => format!("preflight {}", p.unit),
+            Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
+            Step::DeployService(d) => format!(
+                "deploy {}{}",
+                d.unit,
+                if d.restart && d.watch.is_some() {
+                    " and wait until it is ready"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+
+    /// Runs the step; some steps report details (a service's verdict).
+    pub fn run(&self) -> Result<Option<serde_json::Value>, String> {
+        let done = match self {
+            Step::DeployService(d) => {
+                return crate::agent::deploy::deploy(d).map(|r| serde_json::to_value(r).ok());
+            }
+            Step::Preflight(p) => {
+                return crate::agent::preflight::preflight(p).map(|r| serde_json::to_value(r).ok());
+            }
+            Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
+            Step::WriteFile {
+                path,
+                content,
+                owner,
+                group,
+                mode,
+            } => crate::host::write_file_atomic(
+                Path::new(path),
+                content.as_bytes(),
+                owner,
+                group,
+                *mode,
+            ),
+            Step::Mkdir {
+                path,
+                owner,
+                group,
+                mode,
+            } => directory::mkdir(Path::new(path), owner, group, *mode),
+            Step::AptInstall { packages } => apt::install(packages),
+            Step::CreateVenv {
+                path,
+                python,
+                replace,
+            } => venv::create(path, python, *replace),
+            Step::PipInstall {
+                venv,
+                requirements,
+                editable,
+                index_url,
+                extra_index_urls,
+                wheelhouse,
+            } => pip_packages::install(
+                venv,
+                requirements,
+                *editable,
+                index_url.as_deref(),
+                extra_index_urls,
+                wheelhouse.as_deref(),
+            ),
+            Step::GitCheckout {
+                repo,
+                revision,
+                path,
+            } => git_checkout::checkout(repo, revision, path),
+        };
+        done.map(|()| None)
+    }
+}
