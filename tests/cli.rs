@@ -284,3 +284,48 @@ fn unreachable_guest_is_an_error_never_a_plan() {
         r.stderr
     );
 }
+
+#[test]
+fn saved_plans_are_checked_before_anything_is_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let path = file.to_str().unwrap();
+    // An offline plan assumed an empty world: applying it would act on a guess.
+    let r = run(&[
+        "plan",
+        "--offline",
+        "--json",
+        "--target",
+        "guest.tools",
+        "tests/fixtures/loopback.yaml",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    std::fs::write(&file, &r.stdout).unwrap();
+    let r = run(&["apply", "--yes", path]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("made with --offline"), "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("127.0.0.1:1"),
+        "nothing was reached: {}",
+        r.stderr
+    );
+    // Saved plans are applied whole.
+    let r = run(&["apply", "--yes", "--target", "guest.tools", path]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("applied whole"), "{}", r.stderr);
+    // Another format version is refused by name.
+    let text = r#"{"format_version": 99, "inventory": "x", "mode": "online", "targets": [], "summary": {}}"#;
+    std::fs::write(&file, text).unwrap();
+    let r = run(&["apply", "--yes", path]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("a plan in format 99"), "{}", r.stderr);
+    // --out needs a plan that read the targets.
+    let r = run(&[
+        "plan",
+        "--offline",
+        "--out",
+        path,
+        "tests/fixtures/loopback.yaml",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+}

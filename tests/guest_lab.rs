@@ -290,3 +290,65 @@ fn two_provision_versions_alternating_checks_keep_each_others_agent() {
         "checks changed the target outside the agent cache"
     );
 }
+
+#[test]
+fn a_saved_plan_is_applied_exactly_and_refused_when_stale() {
+    let g = Guest::new("saved");
+    g.role("app", APP_ROLE);
+    g.inventory("        roles: [app]\n");
+    let plan_file = g.dir.path().join("app.plan.json");
+    let plan_arg = plan_file.to_str().unwrap();
+    let known_hosts = g.dir.path().join("known_hosts");
+    let apply_saved = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+            .args(["apply", "--yes", "--known-hosts"])
+            .arg(&known_hosts)
+            .args(extra)
+            .arg(&plan_file)
+            .env("NO_COLOR", "1")
+            .env_remove("SSH_AUTH_SOCK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // Saved, then applied exactly: one JSON document says what was planned and done.
+    g.expect(&["plan", "--out", plan_arg], 0);
+    assert!(
+        !g.sh("ls /etc").contains("app\n"),
+        "plan wrote to the target"
+    );
+    let (code, out, err) = apply_saved(&["--json"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(doc["applied"], true);
+    assert_eq!(doc["plan"]["summary"]["create"], 2, "{doc:#}");
+    assert_eq!(doc["targets"][0]["steps"].as_array().unwrap().len(), 2);
+    assert_eq!(g.sh("stat -c %a /etc/app"), "750\n");
+    g.expect(&["check"], 0);
+
+    // Planned against drift, then the target changes before apply: refused, untouched.
+    let conf = "\"/etc/app/it's \\$(touch pwned); \\`id\\`.conf\"";
+    g.sh(&format!("echo one > {conf}"));
+    g.expect(&["plan", "--out", plan_arg], 0);
+    g.sh(&format!("echo two > {conf}"));
+    let (code, out, err) = apply_saved(&[]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("the saved plan is stale; nothing was changed"),
+        "{err}"
+    );
+    assert!(err.contains("changed since the plan was made"), "{err}");
+    assert_eq!(g.sh(&format!("cat {conf}")), "two\n");
+
+    // A fresh plan of the same drift applies.
+    g.expect(&["plan", "--out", plan_arg], 0);
+    let (code, out, err) = apply_saved(&[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("Apply complete"), "{out}");
+    g.expect(&["check"], 0);
+}

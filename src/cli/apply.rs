@@ -1,7 +1,9 @@
-//! `provision apply`: plan, show, confirm, then execute exactly that plan.
+//! `provision apply`: plan, show, confirm, then execute exactly that plan; or execute a
+//! plan saved by `provision plan --out`, after checking that the targets still read as they
+//! did when it was made.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
@@ -13,17 +15,19 @@ use super::{ExitStatus, prepare};
 use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
 use crate::engine::online;
+use crate::plan::{FORMAT_VERSION, Plan};
 use crate::printer::Printer;
 
 /// Arguments of `provision apply`.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
-    /// The inventory file.
+    /// The inventory file, or a plan saved by `provision plan --out FILE` (applied exactly as
+    /// saved, refused when a target changed since).
     pub inventory: PathBuf,
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
-    /// Print the plan and the outcome as JSON.
+    /// Print the plan and the outcome as one JSON document.
     #[arg(long)]
     pub json: bool,
     /// When a restarted service fails its health gate, leave it as it is for debugging
@@ -36,16 +40,42 @@ pub struct ApplyArgs {
 
 /// Runs `provision apply`.
 pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
-    let prepared = prepare(&args.inventory)?;
-    let loaded = prepared.loaded.clone();
-    let plan = read_plan(
-        &args.inventory.display().to_string(),
-        prepared,
-        &args.targets,
-        printer,
-    )?;
-    print_plan(&plan, args.json, printer)?;
+    let (plan, loaded, saved) = match saved_plan(&args.inventory)? {
+        Some(plan) => {
+            if !args.targets.targets.is_empty() {
+                return Err(Diagnostic::new(
+                    "a saved plan is applied whole; --target cannot narrow it",
+                )
+                .hint("make the plan with --target instead: `provision plan --target T --out FILE`")
+                .into());
+            }
+            let loaded = crate::inventory::load(Path::new(&plan.inventory)).map_err(|e| {
+                anyhow::Error::from(e).context(format!(
+                    "cannot load the inventory the plan was made from, `{}`, to reach its targets",
+                    plan.inventory
+                ))
+            })?;
+            (plan, loaded, true)
+        }
+        None => {
+            let prepared = prepare(&args.inventory)?;
+            let loaded = prepared.loaded.clone();
+            let plan = read_plan(
+                &args.inventory.display().to_string(),
+                prepared,
+                &args.targets,
+                printer,
+            )?;
+            (plan, loaded, false)
+        }
+    };
+    if !args.json {
+        print_plan(&plan, false, printer)?;
+    }
     if !plan.summary.has_changes() {
+        if args.json {
+            print_report(&plan, false, &[], printer)?;
+        }
         return Ok(ExitStatus::Success);
     }
     if !args.yes {
@@ -58,6 +88,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         &plan,
         online::ApplyOptions {
             rollback: !args.no_rollback,
+            saved,
         },
         &mut |target| connect_writer(&loaded, target, &args.targets, &binary),
         &mut |target, step| {
@@ -85,15 +116,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     )?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {
-        let report = serde_json::json!({
-            "applied": true,
-            "targets": outcomes.iter().map(|o| serde_json::json!({
-                "target": o.target,
-                "steps": o.steps.iter().map(|s| serde_json::json!({"step": s.description, "millis": s.millis, "detail": s.detail})).collect::<Vec<_>>(),
-                "millis": o.millis,
-            })).collect::<Vec<_>>(),
-        });
-        printer.result(&format!("{}\n", serde_json::to_string_pretty(&report)?));
+        print_report(&plan, true, &outcomes, printer)?;
     } else {
         printer.result(&format!(
             "Apply complete: {} change(s) made in {steps} step(s), each verified on its target.\n",
@@ -101,6 +124,62 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         ));
     }
     Ok(ExitStatus::Success)
+}
+
+/// The plan saved at `path`, or `None` when `path` is not one (an inventory).
+fn saved_plan(path: &Path) -> anyhow::Result<Option<Plan>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        // Unreadable or not UTF-8: the inventory loader says why, with its own hints.
+        Err(_) => return Ok(None),
+    };
+    if !text.trim_start().starts_with('{') {
+        return Ok(None);
+    }
+    let value: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return Ok(None),
+    };
+    let Some(version) = value.get("format_version").and_then(|v| v.as_u64()) else {
+        return Ok(None);
+    };
+    if version != u64::from(FORMAT_VERSION) {
+        return Err(Diagnostic::new(format!(
+            "{} is a plan in format {version}; this provision reads format {FORMAT_VERSION}",
+            path.display()
+        ))
+        .hint("make the plan again with this provision")
+        .into());
+    }
+    let plan: Plan = serde_json::from_value(value).map_err(|e| {
+        Diagnostic::new(format!(
+            "{} is not a plan provision can apply",
+            path.display()
+        ))
+        .cause(e.to_string())
+        .hint("plans are written by `provision plan --out FILE`; do not edit them")
+    })?;
+    Ok(Some(plan))
+}
+
+/// Prints the plan and what apply did as one JSON document.
+fn print_report(
+    plan: &Plan,
+    applied: bool,
+    outcomes: &[online::TargetOutcome],
+    printer: &Printer,
+) -> anyhow::Result<()> {
+    let report = serde_json::json!({
+        "plan": plan,
+        "applied": applied,
+        "targets": outcomes.iter().map(|o| serde_json::json!({
+            "target": o.target,
+            "steps": o.steps.iter().map(|s| serde_json::json!({"step": s.description, "millis": s.millis, "detail": s.detail})).collect::<Vec<_>>(),
+            "millis": o.millis,
+        })).collect::<Vec<_>>(),
+    });
+    printer.result(&format!("{}\n", serde_json::to_string_pretty(&report)?));
+    Ok(())
 }
 
 /// Asks on the terminal; refuses without one (scripts pass `--yes`).

@@ -1,8 +1,9 @@
 //! `provision plan`: what would change to make reality match the inventory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Args;
 
 use super::targets::{TargetArgs, connect_reader, select};
@@ -27,6 +28,9 @@ pub struct PlanArgs {
     /// Exit 2 when there are changes (0 when none, 1 on error).
     #[arg(long)]
     pub detailed_exitcode: bool,
+    /// Also save the plan to FILE, for `provision apply FILE` to execute exactly.
+    #[arg(long, value_name = "FILE", conflicts_with = "offline")]
+    pub out: Option<PathBuf>,
     #[command(flatten)]
     pub targets: TargetArgs,
 }
@@ -46,6 +50,13 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         )?
     };
     print_plan(&plan, args.json, printer)?;
+    if let Some(out) = &args.out {
+        save_plan(&plan, out)?;
+        printer.status(&format!(
+            "Saved the plan to {0}; `provision apply {0}` executes exactly it.",
+            out.display()
+        ));
+    }
     Ok(if args.detailed_exitcode && plan.summary.has_changes() {
         ExitStatus::Changes
     } else {
@@ -68,6 +79,19 @@ pub fn read_plan(
         printer.status(&format!("reading {}", target.heading()));
         connect_reader(loaded, target, targets, &binary)
     })
+}
+
+/// Writes `plan` to `path` atomically (a temp file beside it, then a rename).
+fn save_plan(plan: &Plan, path: &Path) -> anyhow::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let mut text = serde_json::to_string_pretty(plan)?;
+    text.push('\n');
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("cannot save the plan as {}", path.display()))
 }
 
 /// Prints a plan for people, or as JSON.

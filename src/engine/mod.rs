@@ -100,6 +100,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         target: desired.target.clone(),
         changes,
         unchanged,
+        read: None,
     })
 }
 

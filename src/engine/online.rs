@@ -9,7 +9,7 @@ use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Plan, PlanMode, Target, TargetPlan};
+use crate::plan::{Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::wire::Step;
 
@@ -22,8 +22,14 @@ pub fn plan(
     let mut targets = Vec::new();
     for d in desired {
         let reader = read(&d.target)?;
-        let facts = reader.read(&d.probes())?;
-        targets.push(diff_target(d, &facts)?);
+        let probes = d.probes();
+        let facts = reader.read(&probes)?;
+        let mut target = diff_target(d, &facts)?;
+        target.read = Some(ReadStamp {
+            digest: facts.digest(&probes)?,
+            probes,
+        });
+        targets.push(target);
     }
     Ok(Plan::new(inventory, PlanMode::Online, targets))
 }
@@ -44,11 +50,17 @@ pub struct TargetOutcome {
 pub struct ApplyOptions {
     /// Roll a service back to its last healthy unit when the health gate fails.
     pub rollback: bool,
+    /// The plan was saved earlier: read each target again first and refuse the whole plan
+    /// if any answer differs from what the plan was made from.
+    pub saved: bool,
 }
 
 impl Default for ApplyOptions {
     fn default() -> Self {
-        ApplyOptions { rollback: true }
+        ApplyOptions {
+            rollback: true,
+            saved: false,
+        }
     }
 }
 
@@ -100,11 +112,24 @@ pub fn apply(
             .hint("apply the parts that can be with `--target guest.<name>`")
             .into());
     }
+    if plan.mode == PlanMode::Offline && !work.is_empty() {
+        return Err(Diagnostic::new(
+            "this plan was made with --offline against an empty world; nothing was changed",
+        )
+        .hint("make a plan that reads the targets: `provision plan --out FILE INVENTORY`")
+        .into());
+    }
+    let mut writers = Vec::new();
+    for (t, _) in &work {
+        writers.push(connect(&t.target)?);
+    }
+    if options.saved {
+        refuse_stale(&work, &writers)?;
+    }
     let mut outcomes = Vec::new();
     let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
-    for (t, steps) in work {
+    for ((t, steps), writer) in work.into_iter().zip(writers) {
         let started = Instant::now();
-        let writer = connect(&t.target)?;
         let results = writer.run(&steps)?;
         for r in &results {
             on_step(&t.target, r);
@@ -179,6 +204,41 @@ pub fn apply(
             .into());
     }
     Ok(outcomes)
+}
+
+/// Reads every target of a saved plan again; any answer that differs from what the plan
+/// was made from refuses the whole plan before anything runs, as a stale saved plan must.
+fn refuse_stale(
+    work: &[(&TargetPlan, Vec<Op>)],
+    writers: &[Box<dyn TargetWriter>],
+) -> anyhow::Result<()> {
+    let mut stale = Vec::new();
+    for ((t, _), writer) in work.iter().zip(writers) {
+        let Some(stamp) = &t.read else {
+            stale.push(format!(
+                "{}: the plan does not record what it read",
+                t.target.heading()
+            ));
+            continue;
+        };
+        let now = writer.read(&stamp.probes)?.digest(&stamp.probes)?;
+        if now != stamp.digest {
+            stale.push(format!(
+                "{} changed since the plan was made",
+                t.target.heading()
+            ));
+        }
+    }
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let mut d = Diagnostic::new("the saved plan is stale; nothing was changed");
+    for s in stale {
+        d = d.cause(s);
+    }
+    Err(d
+        .hint("make a new plan with `provision plan --out FILE` and review it")
+        .into())
 }
 
 /// The preflight steps of the services this target plan (re)starts, by unit file.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 pub use print::render_human;
 
 use crate::resources::ResourceSpec;
+use crate::resources::wire::Probe;
 
 /// The version of the JSON plan format; bumped on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
@@ -46,6 +47,19 @@ pub struct TargetPlan {
     pub changes: Vec<Change>,
     /// Resources that were checked and already match.
     pub unchanged: usize,
+    /// What was read to make it (online plans only): applying a saved plan reads the same
+    /// probes again and refuses when the answers differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read: Option<ReadStamp>,
+}
+
+/// The probes a target plan was made from and a digest of their answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadStamp {
+    /// The probes, in the order they were read.
+    pub probes: Vec<Probe>,
+    /// sha256 of the answers (see `Facts::digest`).
+    pub digest: String,
 }
 
 /// A place changes happen: a node, a container's configuration on its node, or the

@@ -180,6 +180,19 @@ pub struct UnitFact {
     pub properties: BTreeMap<String, String>,
 }
 
+/// Properties that change while a unit runs, without anyone changing it.
+const VOLATILE_UNIT_PROPERTIES: &[&str] =
+    &["NRestarts", "ExecMainPID", "MainPID", "ExecMainStatus"];
+
+impl UnitFact {
+    /// The fact without [`VOLATILE_UNIT_PROPERTIES`], for comparing two reads.
+    pub fn stable(&self) -> UnitFact {
+        let mut properties = self.properties.clone();
+        properties.retain(|k, _| !VOLATILE_UNIT_PROPERTIES.contains(&k.as_str()));
+        UnitFact { properties }
+    }
+}
+
 /// The unit properties the service resource and the health gate read.
 pub const UNIT_PROPERTIES: &[&str] = &[
     "Id",

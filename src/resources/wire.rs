@@ -170,6 +170,30 @@ pub enum Fact {
 #[error("no answer was read for {0:?}")]
 pub struct NotRead(pub Probe);
 
+impl Facts {
+    /// sha256 of the answers to `probes`, in that order, leaving out what changes without
+    /// anyone changing the target (a running unit's PIDs and restart counter). Two reads
+    /// with the same digest would plan the same changes.
+    pub fn digest(&self, probes: &[Probe]) -> Result<String, NotRead> {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for probe in probes {
+            let fact = match self {
+                Facts::Empty => None,
+                Facts::Read(map) => Some(map.get(probe).ok_or_else(|| NotRead(probe.clone()))?),
+            };
+            let fact = fact.map(|f| match f {
+                Fact::Unit(Some(u)) => Fact::Unit(Some(u.stable())),
+                other => other.clone(),
+            });
+            let line = serde_json::to_string(&(probe, fact)).unwrap_or_default();
+            hasher.update(line.as_bytes());
+            hasher.update(b"\n");
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+}
+
 /// The answers for one target.
 #[derive(Debug, Clone)]
 pub enum Facts {
