@@ -130,6 +130,13 @@ pub enum Probe {
         /// Unit name.
         name: String,
     },
+    /// Whether a server answers its readiness URL and lists its model there.
+    Readiness {
+        /// URL that must list the model (`http://127.0.0.1:30000/v1/models`).
+        url: String,
+        /// The model name it must list.
+        served_model_name: String,
+    },
     /// A model folder's verification record.
     Model {
         /// The model's folder.
@@ -160,6 +167,8 @@ pub enum Fact {
     Unit(Option<UnitFact>),
     /// Answer to [`Probe::Model`].
     Model(Option<ModelFact>),
+    /// Answer to [`Probe::Readiness`] (always `Some` when read).
+    Readiness(Option<crate::health::process::ReadinessFact>),
     /// Answer to [`Probe::PveContainer`]: the main section's `key: value` lines in file
     /// order (raw `lxc.*` keys may repeat).
     PveContainer(Option<Vec<(String, String)>>),
@@ -244,6 +253,10 @@ impl Facts {
         model, Model, ModelFact
     );
     accessor!(
+        /// A server's answer at its readiness URL.
+        readiness, Readiness, crate::health::process::ReadinessFact
+    );
+    accessor!(
         /// A container's Proxmox config.
         pve_container, PveContainer, Vec<(String, String)>
     );
@@ -270,6 +283,13 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
         Probe::Git { path } => Fact::Git(git_checkout::read(Path::new(path))?),
         Probe::Cuda { home } => Fact::Cuda(cuda::read(Path::new(home))),
         Probe::Unit { name } => Fact::Unit(service::read_unit(name)?),
+        Probe::Readiness {
+            url,
+            served_model_name,
+        } => Fact::Readiness(Some(crate::health::process::readiness(
+            url,
+            served_model_name,
+        ))),
         Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
         Probe::PveContainer { .. } => {
             return Err(
