@@ -32,6 +32,8 @@ pub struct OpOutcome {
     pub description: String,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// What to do about the failure.
+    pub hints: Vec<String>,
     /// What it reported (a service's health verdict).
     pub detail: Option<serde_json::Value>,
     /// How long it took.

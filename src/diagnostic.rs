@@ -108,6 +108,12 @@ impl Diagnostic {
         self
     }
 
+    /// Adds several hints, in order.
+    pub fn hints(mut self, hints: impl IntoIterator<Item = String>) -> Self {
+        self.hints.extend(hints);
+        self
+    }
+
     /// Adds a cause line.
     pub fn cause(mut self, cause: impl Into<String>) -> Self {
         self.causes.push(cause.into());

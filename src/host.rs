@@ -49,37 +49,36 @@ pub fn lookup_id(file: &str, name: &str) -> Result<u32, String> {
     if let Ok(n) = name.parse() {
         return Ok(n);
     }
-    fs::read_to_string(file)
-        .map_err(|e| format!("cannot read {file}: {e}"))?
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split(':');
-            (f.next()? == name).then(|| f.nth(1)?.parse().ok())?
-        })
+    let text = fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    id_entries(&text)
+        .find_map(|(n, id)| (n == name).then_some(id))
         .ok_or_else(|| {
-            format!(
-                "no such {}: {name}",
-                if file.ends_with("passwd") {
-                    "user"
-                } else {
-                    "group"
-                }
-            )
+            let what = if file.ends_with("passwd") {
+                "user"
+            } else {
+                "group"
+            };
+            format!("no such {what}: {name}")
         })
+}
+
+/// `(name, id)` of each line of an `/etc/passwd` or `/etc/group` text: the one parser of
+/// both files.
+fn id_entries(text: &str) -> impl Iterator<Item = (&str, u32)> {
+    text.lines().filter_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        let id = f.nth(1)?.parse().ok()?;
+        Some((name, id))
+    })
 }
 
 /// Owner and group names from /etc/passwd and /etc/group (uid/gid as text when unnamed).
 pub fn id_names() -> (BTreeMap<u32, String>, BTreeMap<u32, String>) {
     let read = |file: &str| -> BTreeMap<u32, String> {
-        fs::read_to_string(file)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split(':');
-                let name = f.next()?;
-                let id = f.nth(1)?.parse().ok()?;
-                Some((id, name.to_string()))
-            })
+        let text = fs::read_to_string(file).unwrap_or_default();
+        id_entries(&text)
+            .map(|(name, id)| (id, name.to_string()))
             .collect()
     };
     (read("/etc/passwd"), read("/etc/group"))

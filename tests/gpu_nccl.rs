@@ -8,10 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use provision::cli::gpu::verdict;
 use provision::gpu::nccl::{
     self, DetectedBy, NcclError, NcclOptions, NcclOutcome, NcclRun, Simulate,
 };
+use provision::gpu::nccl_report::verdict;
 use provision::inventory::container::GpuSelector;
 use provision::transport::local::LocalTransport;
 

@@ -378,12 +378,14 @@ impl TargetWriter for AgentWriter {
                 Event::StepStarted { description, .. } => pending = Some(description),
                 Event::StepDone {
                     error,
+                    hints,
                     detail,
                     millis,
                     ..
                 } => outcomes.push(OpOutcome {
                     description: pending.take().unwrap_or_default(),
                     error,
+                    hints,
                     detail,
                     millis,
                 }),
@@ -395,6 +397,7 @@ impl TargetWriter for AgentWriter {
             outcomes.push(OpOutcome {
                 description,
                 error: Some("the agent stopped during this step".into()),
+                hints: Vec::new(),
                 detail: None,
                 millis: 0,
             });

@@ -70,13 +70,14 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                 let started = Instant::now();
                 let result = step.run();
                 let failed = result.is_err();
-                let (detail, error) = match result {
-                    Ok(detail) => (detail, None),
-                    Err(e) => (None, Some(e)),
+                let (detail, error, hints) = match result {
+                    Ok(detail) => (detail, None, Vec::new()),
+                    Err(e) => (None, Some(e.message), e.hints),
                 };
                 emit(&Event::StepDone {
                     index,
                     error,
+                    hints,
                     detail,
                     millis: started.elapsed().as_millis() as u64,
                 })?;

@@ -36,6 +36,17 @@ pub enum ExitStatus {
     Changes,
 }
 
+impl ExitStatus {
+    /// 2 when `drifted`, else 0.
+    pub fn drift_if(drifted: bool) -> Self {
+        if drifted {
+            ExitStatus::Changes
+        } else {
+            ExitStatus::Success
+        }
+    }
+}
+
 impl From<ExitStatus> for ExitCode {
     fn from(s: ExitStatus) -> ExitCode {
         match s {
@@ -148,25 +159,18 @@ pub fn render_error(err: &anyhow::Error, color: bool) -> String {
     if let Some(d) = err.downcast_ref::<Diagnostic>() {
         return d.render(color);
     }
-    // Library errors carry their hints after a "\nhint: " separator.
-    let split = |text: String| -> (String, Vec<String>) {
-        let mut parts = text.split("\nhint: ").map(str::to_string);
-        let head = parts.next().unwrap_or_default();
-        (head, parts.collect())
-    };
-    let (message, hints) = split(err.to_string());
-    let mut d = Diagnostic::new(message);
-    d.hints = hints;
+    // Library errors are typed: hints travel as data (a Diagnostic in the chain), never
+    // inside an error's text.
+    let mut d = Diagnostic::new(err.to_string());
     for cause in err.chain().skip(1) {
         if let Some(inner) = cause.downcast_ref::<Diagnostic>() {
             d.causes.push(inner.message.clone());
             d.hints.extend(inner.hints.iter().cloned());
         } else {
-            let (text, hints) = split(cause.to_string());
+            let text = cause.to_string();
             if !d.message.contains(&text) {
                 d.causes.push(text);
             }
-            d.hints.extend(hints);
         }
     }
     d.render(color)

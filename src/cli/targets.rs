@@ -34,14 +34,6 @@ pub struct TargetArgs {
     pub verify_full: bool,
 }
 
-fn target_names(t: &Target) -> (String, String) {
-    match t {
-        Target::Node { node, .. } => (format!("node.{node}"), node.clone()),
-        Target::Container { name, .. } => (format!("container.{name}"), name.clone()),
-        Target::Guest { name, .. } => (format!("guest.{name}"), name.clone()),
-    }
-}
-
 /// The desired targets `--target` selects (all without it); an unknown name is an error.
 pub fn select(
     desired: Vec<DesiredTarget>,
@@ -52,11 +44,11 @@ pub fn select(
     }
     for wanted in &args.targets {
         let known = desired.iter().any(|d| {
-            let (full, short) = target_names(&d.target);
+            let (full, short) = d.target.names();
             *wanted == full || *wanted == short
         });
         if !known {
-            let names: Vec<String> = desired.iter().map(|d| target_names(&d.target).0).collect();
+            let names: Vec<String> = desired.iter().map(|d| d.target.names().0).collect();
             return Err(
                 Diagnostic::new(format!("no target `{wanted}` in the inventory"))
                     .hint(format!("targets: {}", names.join(", ")))
@@ -67,7 +59,7 @@ pub fn select(
     Ok(desired
         .into_iter()
         .filter(|d| {
-            let (full, short) = target_names(&d.target);
+            let (full, short) = d.target.names();
             args.targets.iter().any(|w| *w == full || *w == short)
         })
         .collect())

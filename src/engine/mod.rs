@@ -42,11 +42,7 @@ impl DesiredTarget {
 
     /// `<target>/<kind>:<name>` for a resource of this target.
     fn address(&self, spec: &ResourceSpec) -> String {
-        let prefix = match &self.target {
-            Target::Node { node, .. } => format!("node.{node}"),
-            Target::Container { name, .. } => format!("container.{name}"),
-            Target::Guest { name, .. } => format!("guest.{name}"),
-        };
+        let prefix = self.target.names().0;
         format!("{prefix}/{}", spec.address())
     }
 }

@@ -141,6 +141,7 @@ pub fn apply(
                 t.target.heading()
             ))
             .cause(failed.error.clone().unwrap_or_default())
+            .hints(failed.hints.iter().cloned())
             .hint("fix the cause and run apply again: steps already done are not repeated")
             .into());
         }

@@ -8,8 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::parse::{self, SmiFailure, UserLib};
-use super::probe::{Probe, Section, Sections, parse_sections};
-use crate::cli::ExitStatus;
+use super::probe::{CommandBatch, Section, Sections, parse_sections};
 use crate::transport::{Transport, TransportError, shell_quote};
 
 /// How long the guest probe may take: importing torch can take tens of seconds on a cold disk.
@@ -107,13 +106,9 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    /// 0 when nothing drifted, 2 when something did.
-    pub fn exit_status(&self) -> ExitStatus {
-        if self.checks.iter().any(|c| c.status == CheckStatus::Drift) {
-            ExitStatus::Changes
-        } else {
-            ExitStatus::Success
-        }
+    /// Whether any check found drift.
+    pub fn drifted(&self) -> bool {
+        self.checks.iter().any(|c| c.status == CheckStatus::Drift)
     }
 }
 
@@ -134,7 +129,7 @@ else:
 "#;
 
 /// The probe that reads what the checks need.
-pub fn guest_probe(expect: &GuestExpectations) -> Probe {
+pub fn guest_probe(expect: &GuestExpectations) -> CommandBatch {
     let root = if expect.root.is_empty() {
         String::new()
     } else {
@@ -155,7 +150,7 @@ pub fn guest_probe(expect: &GuestExpectations) -> Probe {
         "for p in $(ldconfig -p 2>/dev/null | awk '/(libcuda|libnvidia-ml)[.]so/ {{print $NF}}'); do readlink -f \"$p\"; done\n\
          for d in {lib_dirs} $(printf '%s' \"$LD_LIBRARY_PATH\" | tr ':' ' '); do ls -1d \"$d\"/libcuda.so.* \"$d\"/libnvidia-ml.so.* 2>/dev/null; done; true"
     );
-    let mut probe = Probe::new()
+    let mut probe = CommandBatch::new()
         .section("smi-list", "nvidia-smi -L")
         .section("smi-version", "nvidia-smi --version")
         .section(

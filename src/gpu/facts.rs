@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::parse::{
     self, DeviceMajor, DeviceNode, GpuInfo, KernelModule, QUERY_GPU_FIELDS, STAT_FORMAT, SmiFailure,
 };
-use super::probe::{Probe, Section, Sections, parse_sections};
+use super::probe::{CommandBatch, Section, Sections, parse_sections};
 use crate::inventory::container::GpuSelector;
 use crate::transport::{Transport, TransportError, shell_quote};
 
@@ -86,10 +86,10 @@ impl NodeFacts {
 }
 
 /// The probe that reads node facts.
-pub fn node_probe(sources: &FactSources) -> Probe {
+pub fn node_probe(sources: &FactSources) -> CommandBatch {
     let root = shell_quote(&sources.root);
     let root = if sources.root.is_empty() { "" } else { &root };
-    Probe::new()
+    CommandBatch::new()
         .section("proc-version", &format!("cat {root}/proc/driver/nvidia/version"))
         .section(
             "query-gpu",

@@ -8,6 +8,7 @@
 pub mod checks;
 pub mod facts;
 pub mod nccl;
+pub mod nccl_report;
 pub mod parse;
 pub mod probe;
 

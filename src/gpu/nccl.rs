@@ -414,7 +414,7 @@ fn tail(text: &str, lines: usize) -> String {
 /// An event line of the launcher.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
-enum Event {
+enum RankEvent {
     Start(NcclStart),
     Result(NcclHealthy),
     Hung {
@@ -453,15 +453,15 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
         let Some(json) = line.strip_prefix(PREFIX) else {
             continue;
         };
-        let event: Event =
+        let event: RankEvent =
             serde_json::from_str(json).map_err(|e| format!("bad launcher line `{line}`: {e}"))?;
         let outcome = match event {
-            Event::Start(s) => {
+            RankEvent::Start(s) => {
                 start = Some(s);
                 continue;
             }
-            Event::Result(h) => NcclOutcome::Healthy(h),
-            Event::Hung {
+            RankEvent::Result(h) => NcclOutcome::Healthy(h),
+            RankEvent::Hung {
                 after_s,
                 timeout_s,
                 ranks,
@@ -471,7 +471,7 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
                 detected_by: DetectedBy::Launcher,
                 ranks,
             },
-            Event::Crash {
+            RankEvent::Crash {
                 rank,
                 code,
                 after_s,
@@ -484,7 +484,7 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
                 wrong_sum,
                 ranks,
             },
-            Event::TooFewGpus {
+            RankEvent::TooFewGpus {
                 wanted,
                 visible,
                 cuda_visible_devices,
@@ -493,8 +493,10 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
                 visible,
                 cuda_visible_devices,
             },
-            Event::TorchMissing { python, error } => NcclOutcome::TorchMissing { python, error },
-            Event::NcclMissing { python, torch } => NcclOutcome::NcclMissing { python, torch },
+            RankEvent::TorchMissing { python, error } => {
+                NcclOutcome::TorchMissing { python, error }
+            }
+            RankEvent::NcclMissing { python, torch } => NcclOutcome::NcclMissing { python, torch },
         };
         verdict = Some(outcome);
     }

@@ -32,14 +32,14 @@ impl Section {
 
 /// A batch of named read-only commands.
 #[derive(Debug, Clone, Default)]
-pub struct Probe {
+pub struct CommandBatch {
     sections: Vec<(String, String)>,
 }
 
-impl Probe {
+impl CommandBatch {
     /// An empty batch.
     pub fn new() -> Self {
-        Probe::default()
+        CommandBatch::default()
     }
 
     /// Adds a section: `name` (letters, digits, `-`) runs the shell command line `command`.
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn sections_keep_output_status_and_trailing_newlines() {
-        let probe = Probe::new()
+        let probe = CommandBatch::new()
             .section("a", "echo one; echo two >&2")
             .section("b", "printf 'no newline'; exit 3")
             .section("c", "false")

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 pub use api::{RemoteFile, install_crypto_provider};
 pub use error::HubError;
-pub use progress::{Event, JsonLines, NoProgress, ProgressSink};
+pub use progress::{JsonLines, NoProgress, ProgressSink, PullEvent};
 pub use record::{RECORD_FILE, Record, RecordFile};
 pub use verify::{Problem, StoreState, StoreStatus, VerifyReport, status, verify};
 
@@ -189,7 +189,7 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
         .map_err(|e| HubError::Client(e.to_string()))?;
     let client = api::HubClient::new(&req.endpoint, &req.repo, req.token.clone())?;
     let commit = runtime.block_on(client.revision(&req.revision))?;
-    progress.event(&Event::Resolved {
+    progress.event(&PullEvent::Resolved {
         repo: &req.repo,
         commit: &commit,
     });
@@ -218,7 +218,7 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
     let files_kept = entries.len();
     let check_bytes: u64 = sorted.to_check.iter().map(|f| f.size).sum();
     if !sorted.to_check.is_empty() {
-        progress.event(&Event::Checking {
+        progress.event(&PullEvent::Checking {
             files: sorted.to_check.len(),
             bytes: check_bytes,
         });
@@ -243,7 +243,7 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
     };
     let mut outcome = download::Outcome::default();
     if to_fetch.is_empty() {
-        progress.event(&Event::Planned {
+        progress.event(&PullEvent::Planned {
             files: files.len(),
             files_to_fetch: 0,
             bytes_total,

@@ -11,7 +11,7 @@ use serde::Serialize;
 /// Something that happened during a pull or a verification.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event<'a> {
+pub enum PullEvent<'a> {
     /// The revision resolved to a commit.
     Resolved {
         /// The repo.
@@ -81,7 +81,7 @@ pub enum Event<'a> {
 /// Receives progress events; called from several threads.
 pub trait ProgressSink: Send + Sync {
     /// One event.
-    fn event(&self, event: &Event<'_>);
+    fn event(&self, event: &PullEvent<'_>);
 }
 
 /// Ignores everything.
@@ -89,7 +89,7 @@ pub trait ProgressSink: Send + Sync {
 pub struct NoProgress;
 
 impl ProgressSink for NoProgress {
-    fn event(&self, _: &Event<'_>) {}
+    fn event(&self, _: &PullEvent<'_>) {}
 }
 
 /// Writes events as JSON lines (for the agent), folding `bytes` events into at most one
@@ -110,10 +110,10 @@ impl<W: Write + Send> JsonLines<W> {
 }
 
 impl<W: Write + Send> ProgressSink for JsonLines<W> {
-    fn event(&self, event: &Event<'_>) {
+    fn event(&self, event: &PullEvent<'_>) {
         let mut guard = self.out.lock().expect("progress");
         let (out, pending, last) = &mut *guard;
-        if let Event::Bytes { path, bytes } = event {
+        if let PullEvent::Bytes { path, bytes } = event {
             *pending.entry(path.to_string()).or_default() += bytes;
             if last.elapsed() < self.interval {
                 return;
@@ -123,11 +123,11 @@ impl<W: Write + Send> ProgressSink for JsonLines<W> {
         let mut paths: Vec<_> = pending.drain().collect();
         paths.sort();
         for (path, bytes) in paths {
-            let line = serde_json::to_string(&Event::Bytes { path: &path, bytes });
+            let line = serde_json::to_string(&PullEvent::Bytes { path: &path, bytes });
             let _ = writeln!(out, "{}", line.expect("json"));
         }
         *last = Instant::now();
-        if !matches!(event, Event::Bytes { .. }) {
+        if !matches!(event, PullEvent::Bytes { .. }) {
             let _ = writeln!(out, "{}", serde_json::to_string(event).expect("json"));
         }
         let _ = out.flush();
@@ -142,12 +142,12 @@ mod tests {
     fn json_lines_fold_bytes_and_keep_totals() {
         let sink = JsonLines::new(Vec::new(), Duration::from_secs(3600));
         for _ in 0..10 {
-            sink.event(&Event::Bytes {
+            sink.event(&PullEvent::Bytes {
                 path: "a",
                 bytes: 5,
             });
         }
-        sink.event(&Event::FileDone {
+        sink.event(&PullEvent::FileDone {
             path: "a",
             size: 50,
         });

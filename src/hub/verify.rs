@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::HubError;
 use super::api::RemoteFile;
 use super::hash::{cores, hash_many};
-use super::progress::{Event, ProgressSink};
+use super::progress::{ProgressSink, PullEvent};
 use super::record::{self, Record, RecordFile, Stamp};
 
 /// Selected files split by what must happen to them.
@@ -77,7 +77,7 @@ pub(crate) fn check_existing(
         .map(|f| (dest.join(&f.path), !f.is_lfs()))
         .collect();
     let on_done = |i: usize| {
-        progress.event(&Event::Hashed {
+        progress.event(&PullEvent::Hashed {
             path: &files[i].path,
             bytes: files[i].size,
         })
@@ -208,7 +208,7 @@ pub fn verify(
         .collect();
     let on_done = |k: usize| {
         let e = &rec.files[to_hash[k]];
-        progress.event(&Event::Hashed {
+        progress.event(&PullEvent::Hashed {
             path: &e.path,
             bytes: e.size,
         })

@@ -93,6 +93,16 @@ pub enum Target {
 }
 
 impl Target {
+    /// Its name as `--target` and plan addresses spell it: `node.N`, `container.N`,
+    /// `guest.N`; and the bare inventory name.
+    pub fn names(&self) -> (String, String) {
+        match self {
+            Target::Node { node, .. } => (format!("node.{node}"), node.clone()),
+            Target::Container { name, .. } => (format!("container.{name}"), name.clone()),
+            Target::Guest { name, .. } => (format!("guest.{name}"), name.clone()),
+        }
+    }
+
     /// A one-line heading, e.g. `guest llm-two (root@10.1.230.174:22)`.
     pub fn heading(&self) -> String {
         match self {

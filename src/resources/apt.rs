@@ -6,7 +6,7 @@ use std::fs;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages to have installed: `name` or `name=version`.
@@ -72,7 +72,7 @@ impl Resource for AptSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         // One transaction for all of them; apt leaves the ones already right alone.
         Ok(vec![Step::AptInstall {
             packages: self.packages.clone(),

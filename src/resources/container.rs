@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::inventory::Container;
 use crate::plan::{Action, Attribute, Change};
 
@@ -150,8 +150,10 @@ impl Resource for ContainerSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
-        Err("creating and changing containers through the Proxmox API is not built yet".into())
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+        Err(StepsError::NotBuilt(
+            "creating and changing containers through the Proxmox API is not built yet",
+        ))
     }
 }
 

@@ -8,7 +8,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
 /// A CUDA toolkit's desired state.
@@ -60,7 +60,7 @@ impl Resource for CudaSpec {
         ))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         // The toolkit comes from its package (an apt resource before this one); what is
         // left is to check, which the verification after apply does.
         Ok(Vec::new())

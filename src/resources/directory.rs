@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::file::PathKind;
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, mode_text, owner_mode_changes};
+use super::{Delta, Resource, StepsError, mode_text, owner_mode_changes};
 use crate::plan::{Action, Attribute, Change};
 
 /// A directory's desired state.
@@ -58,7 +58,7 @@ impl Resource for DirectorySpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         Ok(vec![Step::Mkdir {
             path: self.path.clone(),
             owner: self.owner.clone(),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, mode_text, owner_mode_changes, unified_diff};
+use super::{Delta, Resource, StepsError, mode_text, owner_mode_changes, unified_diff};
 use crate::plan::{Action, Attribute, Change};
 
 /// A file's desired state.
@@ -88,7 +88,7 @@ impl Resource for FileSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         Ok(vec![Step::WriteFile {
             path: self.path.clone(),
             content: self.content.clone(),

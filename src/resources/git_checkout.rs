@@ -6,7 +6,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
 /// A checkout's desired state.
@@ -65,7 +65,7 @@ impl Resource for GitCheckoutSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         Ok(vec![Step::GitCheckout {
             repo: self.repo.clone(),
             revision: self.revision.clone(),

@@ -106,8 +106,20 @@ pub trait Resource {
         Vec::new()
     }
     /// The steps that carry out `change` (a change of this resource), run on the target in
-    /// order. An `Err` says what is not built yet; apply refuses the whole plan first.
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, String>;
+    /// order. An `Err` says what cannot be done (not built yet, a secret not readable);
+    /// apply refuses the whole plan first.
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError>;
+}
+
+/// Why a change has no steps.
+#[derive(Debug, thiserror::Error)]
+pub enum StepsError {
+    /// Applying this kind is not built yet (the Proxmox side).
+    #[error("{0}")]
+    NotBuilt(&'static str),
+    /// A secret the steps carry cannot be read on the workstation.
+    #[error(transparent)]
+    Secret(#[from] crate::inventory::secret::SecretError),
 }
 
 /// Where a resource lives.

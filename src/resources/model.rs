@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::inventory::secret::SecretRef;
 use crate::plan::{Action, Attribute, Change};
 
@@ -116,13 +116,10 @@ impl Resource for ModelSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
         // The token is read here, on the workstation, and travels to the agent on stdin.
         let token = match &self.token {
-            Some(r) => Some(
-                r.resolve(std::path::Path::new("/"))
-                    .map_err(|e| e.to_string())?,
-            ),
+            Some(r) => Some(r.resolve(std::path::Path::new("/"))?),
             None => None,
         };
         Ok(vec![Step::ModelPull(Box::new(ModelPull {
@@ -226,7 +223,7 @@ pub struct ModelPull {
 
 impl ModelPull {
     /// Runs the download on this machine.
-    pub fn run(&self) -> Result<crate::hub::PullReport, String> {
+    pub fn run(&self) -> Result<crate::hub::PullReport, super::wire::StepError> {
         let mut req =
             crate::hub::PullRequest::new(&self.repo, &self.revision, Path::new(&self.dest));
         req.endpoint = self.endpoint.clone();
@@ -234,13 +231,9 @@ impl ModelPull {
         req.exclude = self.exclude.clone();
         req.token = self.token.clone();
         req.verify_full = self.verify_full;
-        crate::hub::pull(&req, &crate::hub::NoProgress).map_err(|e| {
-            let hints = e.hints();
-            let mut text = e.to_string();
-            for h in hints {
-                text += &format!("\nhint: {h}");
-            }
-            text
+        crate::hub::pull(&req, &crate::hub::NoProgress).map_err(|e| super::wire::StepError {
+            message: e.to_string(),
+            hints: e.hints(),
         })
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
@@ -71,7 +71,7 @@ impl Resource for PipEditableSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         let source = if self.extras.is_empty() {
             self.source.clone()
         } else {

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
@@ -77,7 +77,7 @@ impl Resource for PipPackagesSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
         Ok(vec![Step::PipInstall {
             venv: self.venv.clone(),
             requirements: self.packages.clone(),

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
 /// Config lines a role owns in one container's config.
@@ -79,7 +79,9 @@ impl Resource for PveLinesSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
-        Err("root-only Proxmox config edits over SSH to the node are not built yet".into())
+    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+        Err(StepsError::NotBuilt(
+            "root-only Proxmox config edits over SSH to the node are not built yet",
+        ))
     }
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::agent::deploy::{Deploy, FallbackUnit, loaded_argv, loaded_differences_of};
 use crate::agent::preflight::{PreflightSpec, release, release_rules};
 use crate::health::process::value_digest;
@@ -285,7 +285,7 @@ impl Resource for ServiceSpec {
             .collect()
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
         // Only `enabled` differing needs no restart; anything else does (a start when
         // stopped, a restart when a dependency or the loaded unit changed).
         let restart = change.attributes.iter().any(|a| a.name != "enabled");
@@ -397,8 +397,8 @@ mod tests {
     use std::collections::{BTreeMap, HashMap};
 
     use super::*;
-    use crate::resources::wire::Fact;
     use crate::health::process::ProcessFact;
+    use crate::resources::wire::Fact;
 
     fn spec(exec_start: &[&str]) -> ServiceSpec {
         ServiceSpec {

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource};
+use super::{Delta, Resource, StepsError};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
@@ -54,7 +54,7 @@ impl Resource for VenvSpec {
         }
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
+    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
         Ok(vec![Step::CreateVenv {
             path: self.path.clone(),
             python: self.python.clone(),

@@ -83,6 +83,9 @@ pub enum Event {
         index: usize,
         /// Why it failed, if it did.
         error: Option<String>,
+        /// What to do about the failure, one hint per line.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        hints: Vec<String>,
         /// What it reports (a service's health verdict).
         #[serde(default)]
         detail: Option<serde_json::Value>,
@@ -299,6 +302,25 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
     })
 }
 
+/// Why a step failed on the target, and what to do about it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct StepError {
+    /// What went wrong.
+    pub message: String,
+    /// What to do about it.
+    pub hints: Vec<String>,
+}
+
+impl From<String> for StepError {
+    fn from(message: String) -> Self {
+        StepError {
+            message,
+            hints: Vec::new(),
+        }
+    }
+}
+
 /// One change to make on the target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
@@ -411,13 +433,15 @@ impl Step {
     }
 
     /// Runs the step; some steps report details (a service's verdict).
-    pub fn run(&self) -> Result<Option<serde_json::Value>, String> {
+    pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return crate::agent::deploy::deploy(d).map(|r| serde_json::to_value(r).ok());
+                return Ok(crate::agent::deploy::deploy(d).map(|r| serde_json::to_value(r).ok())?);
             }
             Step::Preflight(p) => {
-                return crate::agent::preflight::preflight(p).map(|r| serde_json::to_value(r).ok());
+                return Ok(
+                    crate::agent::preflight::preflight(p).map(|r| serde_json::to_value(r).ok())?
+                );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {
@@ -466,6 +490,6 @@ impl Step {
                 path,
             } => git_checkout::checkout(repo, revision, path),
         };
-        done.map(|()| None)
+        done.map(|()| None).map_err(StepError::from)
     }
 }

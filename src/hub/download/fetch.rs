@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use super::{Shared, WriteError, write_at};
 use crate::hub::HubError;
 use crate::hub::api::{HubClient, error_chain, shown};
-use crate::hub::progress::Event;
+use crate::hub::progress::PullEvent;
 
 /// Consecutive failed attempts (no byte gained) before a chunk gives up.
 const MAX_FAILURES: u32 = 6;
@@ -102,7 +102,7 @@ pub(super) async fn fetch_chunk(
             return Err(e);
         }
         let reason = e.to_string();
-        shared.event(&Event::Retry {
+        shared.event(&PullEvent::Retry {
             path: &job.remote.path,
             reason: &reason,
         });
@@ -157,7 +157,7 @@ async fn stream(
             shared.queue.lock().expect("queue").pending[i].clear();
             job.changed.notify_all();
             job.save()?;
-            shared.event(&Event::Retry {
+            shared.event(&PullEvent::Retry {
                 path: &job.remote.path,
                 reason: "the server ignored a range request; fetching the whole file",
             });

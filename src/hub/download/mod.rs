@@ -26,7 +26,7 @@ use std::time::Duration;
 use super::api::{HubClient, RemoteFile};
 use super::hash::READ_BUF;
 use super::part::Job;
-use super::progress::{Event, ProgressSink};
+use super::progress::{ProgressSink, PullEvent};
 use super::record::RecordFile;
 use super::{HubError, space};
 
@@ -118,7 +118,7 @@ impl Shared<'_> {
         }
     }
 
-    fn event(&self, e: &Event<'_>) {
+    fn event(&self, e: &PullEvent<'_>) {
         self.run.progress.event(e);
     }
 }
@@ -131,7 +131,7 @@ pub(crate) fn fetch_all(run: &Run, files: &[RemoteFile]) -> Result<Outcome, HubE
         .map(|f| Job::plan(f, run.dest, opts.chunk_size))
         .collect();
     let resumed: u64 = jobs.iter().map(|j| j.resumed).sum();
-    run.progress.event(&Event::Planned {
+    run.progress.event(&PullEvent::Planned {
         files: run.files_total,
         files_to_fetch: files.len(),
         bytes_total: run.bytes_total,
@@ -231,7 +231,7 @@ fn activate<'s, 'a: 's>(
     }
     let _ = job.file.set(file);
     *activated = true;
-    shared.event(&Event::FileStarted {
+    shared.event(&PullEvent::FileStarted {
         path: &job.remote.path,
         size: job.remote.size,
         resumed: job.resumed,
@@ -353,7 +353,7 @@ fn write_at(
     shared
         .fetched
         .fetch_add(data.len() as u64, Ordering::Relaxed);
-    shared.event(&Event::Bytes {
+    shared.event(&PullEvent::Bytes {
         path: &job.remote.path,
         bytes: data.len() as u64,
     });
@@ -417,7 +417,7 @@ fn finish(shared: &Shared, i: usize) -> bool {
     if expected.eq_ignore_ascii_case(&actual) {
         match job.place(&got.sha256) {
             Ok(entry) => {
-                shared.event(&Event::FileDone {
+                shared.event(&PullEvent::FileDone {
                     path: &job.remote.path,
                     size: job.remote.size,
                 });
@@ -464,7 +464,7 @@ fn finish(shared: &Shared, i: usize) -> bool {
         .expect("refetched")
         .push(job.remote.path.clone());
     let reason = format!("sha256 mismatch (got {actual}), fetching again");
-    shared.event(&Event::Retry {
+    shared.event(&PullEvent::Retry {
         path: &job.remote.path,
         reason: &reason,
     });

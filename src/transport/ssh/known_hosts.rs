@@ -59,7 +59,7 @@ pub struct KeyChange {
 
 /// What `known_hosts` says about a presented key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum HostKeyStatus {
     /// An entry for this host holds exactly this key.
     Known,
     /// No entry for this host holds a key of any type.
@@ -142,7 +142,7 @@ impl KnownHosts {
     }
 
     /// Checks the key `blob` presented by `host` on `port`.
-    pub fn check(&self, host: &str, port: u16, blob: &[u8]) -> Verdict {
+    pub fn check(&self, host: &str, port: u16, blob: &[u8]) -> HostKeyStatus {
         let name = host_entry_name(host, port);
         let matching: Vec<&Entry> = self
             .entries
@@ -154,14 +154,14 @@ impl KnownHosts {
             .iter()
             .find(|e| e.marker == Marker::Revoked && e.blob == blob)
         {
-            return Verdict::Revoked { line: e.line };
+            return HostKeyStatus::Revoked { line: e.line };
         }
         let valid: Vec<&&Entry> = matching
             .iter()
             .filter(|e| e.marker == Marker::None)
             .collect();
         if valid.iter().any(|e| e.blob == blob) {
-            return Verdict::Known;
+            return HostKeyStatus::Known;
         }
         // A different key, of the same type or another: a host that is known must
         // present a key we know. Accepting another type would let an attacker who
@@ -172,11 +172,11 @@ impl KnownHosts {
             .find(|e| e.key_type == presented)
             .or_else(|| valid.first());
         match first {
-            Some(e) => Verdict::Changed {
+            Some(e) => HostKeyStatus::Changed {
                 line: e.line,
                 known_type: e.key_type.clone(),
             },
-            None => Verdict::Unknown,
+            None => HostKeyStatus::Unknown,
         }
     }
 
@@ -378,17 +378,20 @@ mod tests {
             line("garbage-without-key", 4).replace(" ssh-ed25519 ", " "),
         );
         let kh = KnownHosts::parse(Path::new("kh"), &text);
-        assert_eq!(kh.check("10.0.0.1", 22, &blob(1)), Verdict::Known);
-        assert_eq!(kh.check("A.EXAMPLE", 22, &blob(1)), Verdict::Known);
+        assert_eq!(kh.check("10.0.0.1", 22, &blob(1)), HostKeyStatus::Known);
+        assert_eq!(kh.check("A.EXAMPLE", 22, &blob(1)), HostKeyStatus::Known);
         // Port 22 entries do not cover other ports, and vice versa.
-        assert_eq!(kh.check("a.example", 2222, &blob(1)), Verdict::Unknown);
-        assert_eq!(kh.check("b.example", 2222, &blob(2)), Verdict::Known);
-        assert_eq!(kh.check("b.example", 22, &blob(2)), Verdict::Unknown);
-        assert_eq!(kh.check("x.lab", 22, &blob(3)), Verdict::Known);
-        assert_eq!(kh.check("bad.lab", 22, &blob(3)), Verdict::Unknown);
+        assert_eq!(
+            kh.check("a.example", 2222, &blob(1)),
+            HostKeyStatus::Unknown
+        );
+        assert_eq!(kh.check("b.example", 2222, &blob(2)), HostKeyStatus::Known);
+        assert_eq!(kh.check("b.example", 22, &blob(2)), HostKeyStatus::Unknown);
+        assert_eq!(kh.check("x.lab", 22, &blob(3)), HostKeyStatus::Known);
+        assert_eq!(kh.check("bad.lab", 22, &blob(3)), HostKeyStatus::Unknown);
         assert_eq!(
             kh.check("a.example", 22, &blob(9)),
-            Verdict::Changed {
+            HostKeyStatus::Changed {
                 line: 3,
                 known_type: "ssh-ed25519".into()
             }
@@ -399,11 +402,11 @@ mod tests {
     fn hashed_entries_match_their_name_only() {
         let text = line(&hashed("[10.9.9.9]:2200", b"0123456789abcdefghij"), 5);
         let kh = KnownHosts::parse(Path::new("kh"), &text);
-        assert_eq!(kh.check("10.9.9.9", 2200, &blob(5)), Verdict::Known);
-        assert_eq!(kh.check("10.9.9.9", 22, &blob(5)), Verdict::Unknown);
+        assert_eq!(kh.check("10.9.9.9", 2200, &blob(5)), HostKeyStatus::Known);
+        assert_eq!(kh.check("10.9.9.9", 22, &blob(5)), HostKeyStatus::Unknown);
         assert_eq!(
             kh.check("10.9.9.9", 2200, &blob(6)),
-            Verdict::Changed {
+            HostKeyStatus::Changed {
                 line: 1,
                 known_type: "ssh-ed25519".into()
             }
@@ -419,15 +422,18 @@ mod tests {
             line("h2", 2)
         );
         let kh = KnownHosts::parse(Path::new("kh"), &text);
-        assert_eq!(kh.check("h", 22, &blob(1)), Verdict::Revoked { line: 2 });
-        assert_eq!(kh.check("h2", 22, &blob(2)), Verdict::Unknown);
+        assert_eq!(
+            kh.check("h", 22, &blob(1)),
+            HostKeyStatus::Revoked { line: 2 }
+        );
+        assert_eq!(kh.check("h2", 22, &blob(2)), HostKeyStatus::Unknown);
     }
 
     #[test]
     fn a_mismatched_type_inside_the_blob_is_skipped() {
         let text = format!("h ssh-rsa {}\n", STANDARD.encode(blob(1)));
         let kh = KnownHosts::parse(Path::new("kh"), &text);
-        assert_eq!(kh.check("h", 22, &blob(1)), Verdict::Unknown);
+        assert_eq!(kh.check("h", 22, &blob(1)), HostKeyStatus::Unknown);
     }
 
     #[test]
@@ -440,10 +446,13 @@ mod tests {
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("[127.0.0.1]:2022 ssh-ed25519 "), "{text}");
         let again = KnownHosts::load(&path).unwrap();
-        assert_eq!(again.check("127.0.0.1", 2022, &blob(7)), Verdict::Known);
+        assert_eq!(
+            again.check("127.0.0.1", 2022, &blob(7)),
+            HostKeyStatus::Known
+        );
         assert_eq!(
             again.check("h", 22, &blob(9)),
-            Verdict::Changed {
+            HostKeyStatus::Changed {
                 line: 2,
                 known_type: "ssh-ed25519".into()
             }

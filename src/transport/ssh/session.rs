@@ -12,7 +12,7 @@ use ssh2::{MethodType, Session};
 
 use super::HostKeyPolicy;
 use super::config::Hop;
-use super::known_hosts::{self, KeyChange, KnownHosts, Verdict};
+use super::known_hosts::{self, HostKeyStatus, KeyChange, KnownHosts};
 use crate::transport::TransportError;
 
 /// The socket under a session: TCP to the first hop, or our end of a tunnel through a jump
@@ -163,8 +163,8 @@ fn check_host_key(
     let key_type = known_hosts::key_type(blob).unwrap_or("unknown").to_string();
     let fingerprint = known_hosts::fingerprint(blob);
     match known.check(&hop.host, hop.port, blob) {
-        Verdict::Known => Ok(()),
-        Verdict::Unknown => {
+        HostKeyStatus::Known => Ok(()),
+        HostKeyStatus::Unknown => {
             match policy {
                 HostKeyPolicy::AcceptNew => known.append(&hop.host, hop.port, blob).map_err(|e| {
                     TransportError::Unreachable {
@@ -183,7 +183,7 @@ fn check_host_key(
                 }),
             }
         }
-        Verdict::Changed { line, known_type } => {
+        HostKeyStatus::Changed { line, known_type } => {
             Err(TransportError::ChangedHostKey(Box::new(KeyChange {
                 target: hop.address(),
                 entry: known_hosts::host_entry_name(&hop.host, hop.port),
@@ -194,7 +194,7 @@ fn check_host_key(
                 line,
             })))
         }
-        Verdict::Revoked { line } => Err(TransportError::RevokedHostKey {
+        HostKeyStatus::Revoked { line } => Err(TransportError::RevokedHostKey {
             target: hop.address(),
             fingerprint,
             known_hosts: known.path().to_path_buf(),
