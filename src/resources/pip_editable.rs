@@ -86,3 +86,47 @@ impl Resource for PipEditableSpec {
         }])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::engine::facts::{Fact, VenvFact};
+
+    fn diff(installed_from: Option<&str>) -> Option<Delta> {
+        let spec: PipEditableSpec = serde_json::from_value(serde_json::json!({
+            "venv": "/opt/env",
+            "package": "SGLang",
+            "source": "/root/sglang main/python",
+            "extras": [],
+            "index_url": null,
+            "extra_index_urls": [],
+            "wheelhouse": null,
+        }))
+        .unwrap();
+        let venv = VenvFact {
+            python: "3.12".into(),
+            packages: BTreeMap::new(),
+            editable: installed_from
+                .map(|f| ("sglang".to_string(), f.to_string()))
+                .into_iter()
+                .collect(),
+        };
+        let facts = Facts::Read(HashMap::from([(
+            spec.probes()[0].clone(),
+            Fact::Venv(Some(venv)),
+        )]));
+        spec.diff(&facts).unwrap()
+    }
+
+    #[test]
+    fn the_source_is_compared_as_a_folder() {
+        assert_eq!(diff(Some("/root/sglang main/python")), None);
+        assert_eq!(diff(Some("/root/sglang main/python/")), None);
+        assert_eq!(diff(Some("/root//sglang main/python")), None);
+        let d = diff(Some("/root/other/python")).unwrap();
+        assert_eq!(d.action, Action::Update);
+        assert_eq!(diff(None).unwrap().action, Action::Create);
+    }
+}
