@@ -284,3 +284,35 @@ fn unreachable_guest_is_an_error_never_a_plan() {
         r.stderr
     );
 }
+
+#[test]
+fn a_requirement_that_cannot_be_checked_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cpu-only.yaml"),
+    )
+    .unwrap()
+    .replace("roles: [ml-env]", "roles: [ml-env, extra]");
+    std::fs::write(
+        dir.path().join("inventory.yaml"),
+        format!("paths: {{ roles: roles }}\n{inventory}"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("roles")).unwrap();
+    std::fs::write(
+        dir.path().join("roles/extra.yaml"),
+        "description: A wheel by URL.\nresources:\n  - kind: pip_packages\n    venv: /opt/venv\n    packages: [\"x @ https://example.invalid/x.whl\"]\n",
+    )
+    .unwrap();
+    let path = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", path.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("extra.yaml:3:"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("a URL cannot be compared with what is installed"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("hint:"), "{}", r.stderr);
+}
