@@ -64,6 +64,7 @@ pub fn read_plan(
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
     let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    conns.warn_insecure();
     let plan = online::plan(inventory, &desired, &mut |target| {
         printer.status(&format!("reading {}", target.heading()));
         Ok(ReadCtx::with(conns.connect(target)?).verify_full(targets.verify_full))

@@ -97,11 +97,6 @@ impl<'a> Connections<'a> {
         binary: Arc<AgentBinary>,
         printer: &'a Printer,
     ) -> Self {
-        if args.insecure {
-            printer.warn(
-                "--insecure: the nodes' TLS certificates are NOT verified; anyone on the path can read the API token and change the node",
-            );
-        }
         Connections {
             loaded,
             args,
@@ -144,6 +139,15 @@ impl<'a> Connections<'a> {
         Ok(api)
     }
 
+    /// Warns, on every run that reads targets, when certificates are not verified.
+    pub fn warn_insecure(&self) {
+        if self.args.insecure {
+            self.printer.warn(
+                "--insecure: the nodes' TLS certificates are NOT verified; anyone on the path can read the API credentials and change the node",
+            );
+        }
+    }
+
     /// Says how many API calls each node took (`-v`).
     pub fn report_calls(&self) {
         for (node, api) in &self.nodes {
@@ -166,9 +170,9 @@ pub fn connect(
             Ok(AgentClient::new(transport, binary.clone()))
         }
         Target::Container { name, .. } => Err(Diagnostic::new(format!(
-            "cannot read container `{name}`'s Proxmox config: the Proxmox API client is not built yet"
+            "container `{name}`'s Proxmox config is read through its node's API, not an agent"
         ))
-        .hint(format!("limit this run to the inside of the container with `--target guest.{name}`"))
+        .hint("use `Connections::connect`")
         .into()),
         Target::Node { node, .. } => Err(Diagnostic::new(format!(
             "cannot read node `{node}`: the Proxmox API client is not built yet"
