@@ -16,6 +16,7 @@ pub mod hub;
 pub mod inventory;
 pub mod plan;
 pub mod printer;
+pub mod proxmox;
 pub mod render;
 pub mod resources;
 pub mod transport;

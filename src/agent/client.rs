@@ -367,9 +367,13 @@ impl TargetWriter for AgentWriter {
         let steps = ops
             .iter()
             .map(|op| match op {
-                Op::Guest(step) => step.clone(),
+                Op::Guest(step) => Ok(step.clone()),
+                other => Err(AccessError::Unsupported {
+                    target: self.conn.target(),
+                    what: other.describe(),
+                }),
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         let events = self.conn.call(&Request::Apply { steps })?;
         let mut outcomes = Vec::new();
         let mut pending: Option<String> = None;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use super::targets::{TargetArgs, connect_reader, select};
+use super::targets::{Connections, TargetArgs, select};
 use super::{ExitStatus, Prepared, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
@@ -74,11 +74,14 @@ pub fn read_plan(
 ) -> anyhow::Result<Plan> {
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
-    let loaded = &prepared.loaded;
-    online::plan(inventory, &desired, &mut |target| {
-        printer.status(&format!("reading {}", target.heading()));
-        connect_reader(loaded, target, targets, &binary)
-    })
+    let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    conns.warn_insecure();
+    let plan = online::plan(inventory, &desired, &mut |d| {
+        printer.status(&format!("reading {}", d.target.heading()));
+        conns.reader(d)
+    })?;
+    conns.report_calls();
+    Ok(plan)
 }
 
 /// Writes `plan` to `path` atomically (a temp file beside it, then a rename).

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::{Desired, DesiredTarget, diff_target};
-use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
+use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
 use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Plan, PlanMode, ReadStamp, Target, TargetPlan};
+use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::wire::Step;
 
@@ -17,11 +17,11 @@ use crate::resources::wire::Step;
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
-    read: &mut dyn FnMut(&Target) -> anyhow::Result<Box<dyn TargetReader>>,
+    read: &mut dyn FnMut(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>>,
 ) -> anyhow::Result<Plan> {
     let mut targets = Vec::new();
     for d in desired {
-        let reader = read(&d.target)?;
+        let reader = read(d)?;
         let probes = d.probes();
         let facts = reader.read(&probes)?;
         let mut target = diff_target(d, &facts)?;
@@ -53,6 +53,8 @@ pub struct ApplyOptions {
     /// The plan was saved earlier: read each target again first and refuse the whole plan
     /// if any answer differs from what the plan was made from.
     pub saved: bool,
+    /// Destroy and recreate a container whose create-only settings changed.
+    pub allow_replace: bool,
 }
 
 impl Default for ApplyOptions {
@@ -60,6 +62,7 @@ impl Default for ApplyOptions {
         ApplyOptions {
             rollback: true,
             saved: false,
+            allow_replace: false,
         }
     }
 }
@@ -70,12 +73,26 @@ impl Default for ApplyOptions {
 pub fn apply(
     plan: &Plan,
     options: ApplyOptions,
-    connect: &mut dyn FnMut(&Target) -> anyhow::Result<Box<dyn TargetWriter>>,
+    connect: &mut dyn FnMut(&TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>>,
     on_step: &mut dyn FnMut(&Target, &OpOutcome),
 ) -> anyhow::Result<Vec<TargetOutcome>> {
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
+        if let Some(refused) = t
+            .changes
+            .iter()
+            .find(|c| matches!(c.spec, ResourceSpec::Container(_)) && c.action == Action::Replace)
+            && !options.allow_replace
+        {
+            return Err(Diagnostic::new(format!(
+                "{} must be replaced (a create-only setting changed); nothing was changed",
+                refused.address
+            ))
+            .hint("replacing destroys the container's own volumes (host bind mounts are kept); pass --allow-replace to go ahead")
+            .into());
+        }
+        let mut ops = Vec::new();
         let mut steps = Vec::new();
         let mut preflights = preflights_of(t);
         for c in &t.changes {
@@ -89,6 +106,16 @@ pub fn apply(
             if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
                 steps.push(step);
             }
+            if let ResourceSpec::Container(spec) = &c.spec {
+                // Applied through the node's API, not by guest steps.
+                ops.push(Op::Api(ApiOp::Container {
+                    address: c.address.clone(),
+                    spec: spec.clone(),
+                    action: c.action,
+                    allow_replace: options.allow_replace,
+                }));
+                continue;
+            }
             match c.spec.resource().steps(c) {
                 Ok(s) => steps.extend(s.into_iter().map(|mut step| {
                     if let Step::DeployService(d) = &mut step {
@@ -100,7 +127,8 @@ pub fn apply(
             }
         }
         if !t.changes.is_empty() {
-            work.push((t, steps.into_iter().map(Op::Guest).collect()));
+            ops.extend(steps.into_iter().map(Op::Guest));
+            work.push((t, ops));
         }
     }
     if !unsupported.is_empty() {
@@ -121,7 +149,7 @@ pub fn apply(
     }
     let mut writers = Vec::new();
     for (t, _) in &work {
-        writers.push(connect(&t.target)?);
+        writers.push(connect(t)?);
     }
     if options.saved {
         refuse_stale(&work, &writers)?;
@@ -182,7 +210,10 @@ pub fn apply(
                 degraded.push((t.target.heading(), unit, name, notes));
             }
         }
-        verify(writer.as_ref(), t, &skip)?;
+        // The Proxmox module reads a container back itself and fails unless it converged.
+        if !matches!(t.target, Target::Container { .. }) {
+            verify(writer.as_ref(), t, &skip)?;
+        }
         outcomes.push(TargetOutcome {
             target: t.target.clone(),
             steps: results,

@@ -52,6 +52,14 @@ impl Resource for GitCheckoutSpec {
                 Some(self.revision.clone()),
             ));
         }
+        // A checkout whose origin points elsewhere fetches from elsewhere: the step resets it.
+        if found.origin.as_deref() != Some(self.repo.as_str()) {
+            d = d.attr(Attribute::change(
+                "origin",
+                found.origin.clone(),
+                Some(self.repo.clone()),
+            ));
+        }
         if found.dirty {
             d = d.reason("the checkout has local changes; they will be discarded");
             if d.attributes.is_empty() {
@@ -136,6 +144,18 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), String> {
             ],
             &[],
         )?;
+    }
+    // A checkout whose origin was changed by hand fetches from the declared repository again.
+    let origin = Command::new("git")
+        .args(["-C", path, "config", "--get", "remote.origin.url"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match origin.as_deref() {
+        Some(url) if url == repo => {}
+        Some(_) => git(&["remote", "set-url", "origin", repo])?,
+        None => git(&["remote", "add", "origin", repo])?,
     }
     let has_commit = Command::new("git")
         .args([

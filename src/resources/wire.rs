@@ -11,12 +11,13 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::apt;
+use super::container::PveContainerFact;
 use super::cuda::{self, CudaFact};
 use super::directory;
 use super::file::{self, PathFact};
 use super::git_checkout::{self, GitFact};
 use super::model::{self, ModelFact, ModelPull};
-use super::pip_packages;
+use super::pip_packages::{self, PipIndex};
 use super::service::{self, UnitFact};
 use super::venv::{self, VenvFact};
 
@@ -172,9 +173,8 @@ pub enum Fact {
     Model(Option<ModelFact>),
     /// Answer to [`Probe::Readiness`] (always `Some` when read).
     Readiness(Option<crate::health::process::ReadinessFact>),
-    /// Answer to [`Probe::PveContainer`]: the main section's `key: value` lines in file
-    /// order (raw `lxc.*` keys may repeat).
-    PveContainer(Option<Vec<(String, String)>>),
+    /// Answer to [`Probe::PveContainer`].
+    PveContainer(Option<PveContainerFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -261,7 +261,7 @@ impl Facts {
     );
     accessor!(
         /// A container's Proxmox config.
-        pve_container, PveContainer, Vec<(String, String)>
+        pve_container, PveContainer, PveContainerFact
     );
 
     /// Installed versions of packages (empty world: none installed).
@@ -371,12 +371,9 @@ pub enum Step {
         requirements: Vec<String>,
         /// Install the (single) requirement as an editable source folder.
         editable: bool,
-        /// `--index-url`.
-        index_url: Option<String>,
-        /// `--extra-index-url`s.
-        extra_index_urls: Vec<String>,
-        /// `--no-index --find-links` folder.
-        wheelhouse: Option<String>,
+        /// Where pip looks for packages.
+        #[serde(flatten)]
+        index: PipIndex,
     },
     /// Download a model next to its storage, every file verified.
     ModelPull(Box<ModelPull>),
@@ -473,17 +470,8 @@ impl Step {
                 venv,
                 requirements,
                 editable,
-                index_url,
-                extra_index_urls,
-                wheelhouse,
-            } => pip_packages::install(
-                venv,
-                requirements,
-                *editable,
-                index_url.as_deref(),
-                extra_index_urls,
-                wheelhouse.as_deref(),
-            ),
+                index,
+            } => pip_packages::install(venv, requirements, *editable, index),
             Step::GitCheckout {
                 repo,
                 revision,

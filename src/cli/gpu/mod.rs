@@ -1,10 +1,12 @@
-//! `provision gpu facts|check|nccl`: GPU facts, guest checks and the NCCL preflight, run on
+//! `provision gpu facts|check|nccl|passthrough`: GPU facts, guest checks, the NCCL preflight
+//! and the container lines that pass GPUs through, run on
 //! this machine through the local transport (the reconciler runs the same library calls over
 //! SSH on the node and in the guest).
 
 mod check;
 mod facts;
 mod nccl;
+mod passthrough;
 
 use clap::{Args, Subcommand};
 
@@ -31,6 +33,9 @@ enum GpuCommand {
     /// NCCL preflight: an all-reduce across the GPUs, one process each, with a deadline (exit
     /// 0 healthy, 1 hung or failed).
     Nccl(nccl::NcclArgs),
+    /// The container config lines that pass GPUs through, from this node's live facts
+    /// (exit 0 printed, 1 the node cannot pass them).
+    Passthrough(passthrough::PassthroughArgs),
 }
 
 fn parse_uuid(s: &str) -> Result<String, String> {
@@ -77,6 +82,7 @@ pub fn run(args: &GpuArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         GpuCommand::Facts(a) => facts::run(a, &transport, printer),
         GpuCommand::Check(a) => check::run(a, &transport, printer),
         GpuCommand::Nccl(a) => nccl::run(a, &transport, printer),
+        GpuCommand::Passthrough(a) => passthrough::run(a, &transport, printer),
     }
 }
 
