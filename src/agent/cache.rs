@@ -3,11 +3,14 @@
 //!
 //! Reading commands may add to it (content-addressed: a push of the same version writes the
 //! same bytes under the same name, atomically) but never remove from it, so two provision
-//! versions checking one host do not delete each other's agent. A running agent holds a
-//! shared `flock` on its own binary and stamps its access time as "last used". Only the
-//! agent of an apply prunes, and only binaries that are unused for [`PRUNE_AFTER`] and that
-//! it can lock exclusively, so a binary in use is never removed. Should a binary vanish
-//! between a client's test and its `exec`, the client pushes it again.
+//! versions checking one host do not delete each other's agent; a read of a version already
+//! there changes nothing at all, not even a timestamp. A running agent holds a shared
+//! `flock` on its own binary. An apply stamps its binary's modification time as "last
+//! used" (install time otherwise), and only the agent of an apply prunes: binaries neither
+//! installed nor used by an apply for [`PRUNE_AFTER`] that it can lock exclusively, so a
+//! binary in use is never removed. A version only ever read may be pruned after that long;
+//! its next read pushes it again. Should a binary vanish between a client's test and its
+//! `exec`, the client pushes it again.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -37,35 +40,29 @@ pub struct Hold {
     _file: File,
 }
 
-/// Locks `exe` shared and records now as its last use (the access time; the modification
-/// time stays the time it was installed).
+/// Locks `exe` shared for as long as the hold lives; changes nothing on disk.
 pub fn hold(exe: &Path) -> std::io::Result<Hold> {
     let file = File::open(exe)?;
-    // SAFETY: flock and futimens on a descriptor this function owns; no memory is shared.
+    // SAFETY: flock on a descriptor this function owns; no memory is shared.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let times = [
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_NOW,
-        },
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-    ];
-    // SAFETY: as above; `times` outlives the call.
-    let rc = unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(Hold { _file: file })
 }
 
+/// Records now as `exe`'s last use by an apply (its modification time).
+pub fn stamp(exe: &Path) -> std::io::Result<()> {
+    let now = SystemTime::now();
+    File::open(exe)?.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(now)
+            .set_modified(now),
+    )
+}
+
 /// Removes the cached binaries in `bin` other than `keep` that were neither installed nor
-/// used within `older_than` and that no agent is running from; also leftovers of pushes
+/// stamped by an apply within `older_than` and that no agent is running from; also leftovers of pushes
 /// interrupted that long ago. Returns what was removed.
 pub fn prune(bin: &Path, keep: &Path, older_than: Duration) -> std::io::Result<Vec<PathBuf>> {
     let now = SystemTime::now();
@@ -75,7 +72,7 @@ pub fn prune(bin: &Path, keep: &Path, older_than: Duration) -> std::io::Result<V
                 .and_then(|t| now.duration_since(t).ok())
                 .unwrap_or_default()
         };
-        age(meta.modified()) >= older_than && age(meta.accessed()) >= older_than
+        age(meta.modified()) >= older_than
     };
     let mut removed = Vec::new();
     for entry in std::fs::read_dir(bin)? {
@@ -140,15 +137,19 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_stamps_last_use_but_not_install_time() {
+    fn a_hold_changes_nothing_and_a_stamp_renews() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("provision-eeee");
         std::fs::write(&p, "x").unwrap();
         age(&p, 30);
-        let before = std::fs::metadata(&p).unwrap().modified().unwrap();
-        let _h = hold(&p).unwrap();
+        let before = std::fs::metadata(&p).unwrap();
+        let h = hold(&p).unwrap();
+        let during = std::fs::metadata(&p).unwrap();
+        assert_eq!(during.modified().unwrap(), before.modified().unwrap());
+        assert_eq!(during.accessed().unwrap(), before.accessed().unwrap());
+        drop(h);
+        stamp(&p).unwrap();
         let meta = std::fs::metadata(&p).unwrap();
-        assert_eq!(meta.modified().unwrap(), before);
-        assert!(meta.accessed().unwrap().elapsed().unwrap() < Duration::from_secs(3600));
+        assert!(meta.modified().unwrap().elapsed().unwrap() < Duration::from_secs(3600));
     }
 }

@@ -21,7 +21,7 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
         writeln!(output, "{line}")?;
         output.flush()
     };
-    // From the agent cache: hold our binary (shared lock, last use stamped) so that no
+    // From the agent cache: hold our binary (a shared lock, nothing written) so that no
     // prune removes it while this request runs.
     let exe = std::env::current_exe().ok().filter(|p| cache::is_cached(p));
     let _hold = exe.as_deref().and_then(|p| cache::hold(p).ok());
@@ -85,11 +85,12 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                     break;
                 }
             }
-            // Only an apply prunes the cache, and only what is long unused and not running;
-            // a failure to prune never fails the apply.
+            // Only an apply stamps its use and prunes the cache, and only what is long
+            // unused and not running; neither ever fails the apply.
             if let Some(exe) = &exe
                 && let Some(bin) = exe.parent()
             {
+                let _ = cache::stamp(exe);
                 let _ = cache::prune(bin, exe, cache::PRUNE_AFTER);
             }
             Ok(())
