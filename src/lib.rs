@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod health;
 pub mod hub;
 pub mod inventory;
+pub mod node;
 pub mod plan;
 pub mod printer;
 pub mod render;
