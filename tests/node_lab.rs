@@ -1,7 +1,8 @@
 //! The node side against the lab's real node: commands and the agent in a container
 //! through `pct exec`/`pct push` over the node's sshd (pinned host key), bootstrap of a
 //! container without sshd or key from the lab's apt mirror, host keys recorded so the guest
-//! connection is strict from the first contact. Needs the lab (`scripts/lab up`, as root).
+//! connection is strict from the first contact, and root-only config edits under the
+//! config lock. Needs the lab (`scripts/lab up`, as root).
 
 #[path = "support/guestlab.rs"]
 mod guestlab;
@@ -15,6 +16,7 @@ use provision::agent::client::{AgentBinary, AgentClient};
 use provision::engine::facts::{Fact, Probe};
 use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, HostKeyTrust};
+use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
 use provision::transport::node::NodeTransport;
 use provision::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 use provision::transport::{Transport, TransportError};
@@ -235,4 +237,135 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
     let text = std::fs::read_to_string(&known).unwrap();
     assert_eq!(text.lines().count(), now.host_keys.len(), "{text}");
     guest_ssh(&g, &known).expect("strict SSH with the recreated keys");
+}
+
+/// The config file and lock of `g`'s container on the lab node.
+fn config_file(g: &Guest) -> ConfigFile {
+    ConfigFile::new(
+        &g.lab.vars["LAB_PVE_ROOT"],
+        g.lab.node(),
+        &g.lab.vars["LAB_LOCK_DIR"],
+        g.ct.vmid.into(),
+    )
+}
+
+#[test]
+fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
+    let g = Guest::new("node-conf");
+    let node = node_ssh(&g);
+    let file = config_file(&g);
+    let vmid = g.ct.vmid;
+    // Something pending (a running container keeps `nameserver` for its next start) and a
+    // snapshot section: both must come through the edit unchanged.
+    sh(
+        node.as_ref(),
+        &format!("pct set {vmid} --nameserver 10.84.0.53"),
+    );
+    sh(
+        node.as_ref(),
+        &format!(
+            "printf '\\n[before-gpu]\\narch: amd64\\nhostname: ct{vmid}\\nsnaptime: 1700000000\\n' >> {}",
+            file.path
+        ),
+    );
+    let read = config_edit::read(node.as_ref(), &file).unwrap();
+    assert!(read.text.contains("[pve:pending]"), "{}", read.text);
+    let rest_before = read.text[read.text.find("\n[").unwrap()..].to_string();
+
+    let edit = ConfigEdit {
+        add_lxc: vec![("lxc.prlimit.nofile".into(), "4321".into())],
+        ..Default::default()
+    };
+    let back = config_edit::write(node.as_ref(), &file, &read, &edit).unwrap();
+    assert_eq!(
+        back.main().lxc,
+        vec![("lxc.prlimit.nofile".to_string(), "4321".to_string())]
+    );
+    assert_eq!(&back.text[back.text.find("\n[").unwrap()..], rest_before);
+    // The lab's API and pct read the edited file like Proxmox's (digest included).
+    let pct = sh(node.as_ref(), &format!("pct config {vmid}"));
+    assert!(pct.contains("lxc.prlimit.nofile: 4321"), "{pct}");
+    // Real LXC applies the line at the next start, and the pending change with it.
+    sh(
+        node.as_ref(),
+        &format!("pct stop {vmid} && pct start {vmid}"),
+    );
+    g.ct.wait_ssh(Duration::from_secs(60)).unwrap();
+    let limits = g.sh("grep 'Max open files' /proc/1/limits");
+    assert!(limits.split_whitespace().any(|w| w == "4321"), "{limits}");
+    let applied = config_edit::read(node.as_ref(), &file).unwrap();
+    assert_eq!(
+        applied.main().get("nameserver"),
+        Some("10.84.0.53"),
+        "{}",
+        applied.text
+    );
+    assert!(!applied.text.contains("[pve:pending]"), "{}", applied.text);
+    assert!(applied.text.contains("[before-gpu]"), "{}", applied.text);
+
+    // Someone changed the config after our read: refused, nothing overwritten.
+    let stale = config_edit::read(node.as_ref(), &file).unwrap();
+    sh(node.as_ref(), &format!("pct set {vmid} --onboot 1"));
+    let undo = ConfigEdit {
+        remove_lxc: edit.add_lxc.clone(),
+        ..Default::default()
+    };
+    match config_edit::write(node.as_ref(), &file, &stale, &undo) {
+        Err(NodeError::Conflict { vmid: v }) => assert_eq!(v, u64::from(vmid)),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(
+        config_edit::read(node.as_ref(), &file)
+            .unwrap()
+            .text
+            .contains("lxc.prlimit.nofile")
+    );
+
+    // The lock held elsewhere (as pct and the API take it): waits, then times out.
+    let fresh = config_edit::read(node.as_ref(), &file).unwrap();
+    // `cat` holds the lock until its stdin closes, so the lock ends with this test's pipe.
+    let mut holder = std::process::Command::new("flock")
+        .arg(&file.lock)
+        .arg("cat")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // Wait until the holder has the lock, so the test does not race its start.
+    while std::process::Command::new("flock")
+        .args(["-n", &file.lock, "true"])
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "flock never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = config_edit::write(node.as_ref(), &file, &fresh, &undo);
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    match result {
+        Err(NodeError::LockTimeout { lock, .. }) => assert_eq!(lock, file.lock),
+        other => panic!("expected a lock timeout, got {other:?}"),
+    }
+    // Released: the same edit goes through.
+    let back = config_edit::write(node.as_ref(), &file, &fresh, &undo).unwrap();
+    assert!(back.main().lxc.is_empty());
+
+    // Options pct takes go through `pct set` with the digest; on a running container a
+    // feature stays pending until the next start, which the read-back accepts.
+    let set = vec![("features".to_string(), "nesting=1,keyctl=1".to_string())];
+    let after = config_edit::pct_set(node.as_ref(), &file, &back.digest, &set, &[]).unwrap();
+    let pending = config_edit::pending_section(&after.text);
+    assert_eq!(
+        after.main().get("features").or(pending.get("features")),
+        Some("nesting=1,keyctl=1")
+    );
+    match config_edit::pct_set(node.as_ref(), &file, &back.digest, &set, &[]) {
+        Err(NodeError::Conflict { .. }) => {}
+        other => panic!("a stale digest must be refused, got {other:?}"),
+    }
 }

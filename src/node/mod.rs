@@ -3,6 +3,7 @@
 //! config lock, and GPU passthrough lines from the node's live GPU facts.
 
 pub mod bootstrap;
+pub mod config_edit;
 
 use crate::transport::TransportError;
 
