@@ -1,22 +1,30 @@
 //! The node side against the lab's real node: commands and the agent in a container
 //! through `pct exec`/`pct push` over the node's sshd (pinned host key), bootstrap of a
 //! container without sshd or key from the lab's apt mirror, host keys recorded so the guest
-//! connection is strict from the first contact, and root-only config edits under the
-//! config lock. Needs the lab (`scripts/lab up`, as root).
+//! connection is strict from the first contact, root-only config edits under the
+//! config lock, and GPU passthrough from the node's live (stand-in) GPU facts applied by
+//! real LXC. Needs the lab (`scripts/lab up`, as root).
 
 #[path = "support/guestlab.rs"]
 mod guestlab;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use guestlab::{Guest, host};
 use provision::agent::client::{AgentBinary, AgentClient};
-use provision::engine::facts::{Fact, Probe};
+use provision::engine::desired::{Library, desired_state};
+use provision::engine::facts::{Fact, Facts, Probe};
+use provision::inventory::container::GpuSelector;
 use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, HostKeyTrust};
 use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
+use provision::node::gpu::{self as node_gpu, NodeGpus};
+use provision::render::context::NodeGpuView;
+use provision::resources::pve_lines::PveLinesSpec;
+use provision::resources::{Resource, ResourceSpec};
 use provision::transport::node::NodeTransport;
 use provision::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 use provision::transport::{Transport, TransportError};
@@ -368,4 +376,181 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
         Err(NodeError::Conflict { .. }) => {}
         other => panic!("a stale digest must be refused, got {other:?}"),
     }
+}
+
+const GPU1: &str = "GPU-bd921741-4472-2f2e-9847-d8171173854c";
+
+/// A copy of the lab's stand-in GPUs (real device nodes) that this test may change.
+fn gpu_root(g: &Guest) -> String {
+    let root = g.dir.path().join("gpu");
+    std::fs::create_dir_all(&root).unwrap();
+    host(&format!(
+        "cp -a {}/. {}",
+        g.lab.vars["LAB_GPU_ROOT"],
+        root.display()
+    ));
+    root.display().to_string()
+}
+
+/// The passthrough lines the inventory's `gpu-passthrough` role renders from `gpus`.
+fn rendered_lines(g: &Guest, gpus: &NodeGpus) -> Vec<(String, String)> {
+    let path = g.inventory(&format!(
+        "        gpus:\n          devices: [{GPU1}]\n          method: lxc\n        roles: [gpu-passthrough]\n"
+    ));
+    let loaded = provision::inventory::load(&path).unwrap();
+    let library = Library::load(&loaded).unwrap();
+    // The view the template sees, from the facts read over node SSH.
+    let f = &gpus.facts;
+    let view = NodeGpuView {
+        nvidia_uvm_major: f.major("nvidia-uvm"),
+        minor_by_uuid: f
+            .gpus
+            .iter()
+            .filter_map(|x| Some((x.info.uuid.clone(), x.minor?)))
+            .collect(),
+        minor_by_index: f
+            .gpus
+            .iter()
+            .filter_map(|x| Some((x.info.index, x.minor?)))
+            .collect(),
+    };
+    let desired = desired_state(&loaded, &library, &|_| Some(view.clone())).unwrap();
+    let spec = desired
+        .iter()
+        .flat_map(|t| &t.resources)
+        .find_map(|d| match &d.spec {
+            ResourceSpec::PveLines(p) => Some(p.clone()),
+            _ => None,
+        })
+        .expect("the gpu-passthrough role renders lines");
+    gpus.for_node(&spec.pairs())
+}
+
+/// Opens `path` inside the container: `ENXIO` means the cgroup let it through to a
+/// driver that is not there (the stand-in), `EPERM` that the cgroup refused it.
+fn open_error(g: &Guest, path: &str) -> String {
+    let out = g.ct.ssh(&format!("head -c1 {path}")).unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn restart(g: &Guest, node: &dyn Transport) {
+    let vmid = g.ct.vmid;
+    sh(node, &format!("pct stop {vmid} && pct start {vmid}"));
+    g.ct.wait_ssh(Duration::from_secs(60)).unwrap();
+}
+
+#[test]
+fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
+    let g = Guest::new("node-gpu");
+    let node = node_ssh(&g);
+    let root = gpu_root(&g);
+    let gpus = node_gpu::read(node.as_ref(), &root).unwrap();
+    let f = &gpus.facts;
+    assert!(f.problems.is_empty(), "{:?}", f.problems);
+    assert_eq!(f.driver.as_ref().unwrap().version, "580.159.04");
+    assert_eq!(f.gpus.len(), 2);
+    assert_eq!(f.major("nvidia-uvm"), Some(238));
+    let gpu = f.gpu(&GpuSelector::Uuid(GPU1.into())).unwrap();
+    assert_eq!((gpu.info.index, gpu.minor), (1, Some(1)));
+
+    let wanted = rendered_lines(&g, &gpus);
+    let text: Vec<String> = wanted.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    assert!(
+        text.contains(&"lxc.cgroup2.devices.allow: c 238:* rwm".to_string()),
+        "{text:#?}"
+    );
+    assert!(
+        text.contains(&format!(
+            "lxc.mount.entry: {root}/dev/nvidia1 dev/nvidia1 none bind,optional,create=file"
+        )),
+        "{text:#?}"
+    );
+    assert!(!text.iter().any(|l| l.contains("nvidia0")), "{text:#?}");
+
+    // Applied over node SSH as root, then started by real LXC.
+    let file = config_file(&g);
+    let found = config_edit::read(node.as_ref(), &file)
+        .unwrap()
+        .main()
+        .pairs();
+    let spec = |lines: &[(String, String)]| PveLinesSpec {
+        vmid: g.ct.vmid.into(),
+        label: "gpu-passthrough".into(),
+        lines: lines.iter().map(|(k, v)| format!("{k}: {v}")).collect(),
+    };
+    let facts = |raw: &config_edit::RawConfig| {
+        let probe = Probe::PveContainer {
+            vmid: g.ct.vmid.into(),
+        };
+        Facts::Read(HashMap::from([(probe, raw.fact())]))
+    };
+    let before = config_edit::read(node.as_ref(), &file).unwrap();
+    assert!(spec(&wanted).diff(&facts(&before)).unwrap().is_some());
+    let after = config_edit::apply(node.as_ref(), &file, &gpus.edit(&wanted, &found)).unwrap();
+    assert!(
+        spec(&wanted).diff(&facts(&after)).unwrap().is_none(),
+        "{}",
+        after.text
+    );
+    let d = gpus.drift(&after.main().pairs());
+    assert!(d.is_empty(), "{d:?}");
+    restart(&g, node.as_ref());
+    // Inside: exactly the selected GPU and the shared nodes, with the node's numbers, and
+    // the cgroup lets them through; a major it does not allow is refused.
+    assert_eq!(
+        g.sh("stat -c '%n %F %Hr:%Lr' /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools"),
+        "/dev/nvidia1 character special file 195:1\n/dev/nvidiactl character special file 195:255\n\
+         /dev/nvidia-uvm character special file 238:0\n/dev/nvidia-uvm-tools character special file 238:1\n"
+    );
+    assert_eq!(g.sh("ls /dev | grep -c '^nvidia0$' || true").trim(), "0");
+    for path in ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"] {
+        let e = open_error(&g, path);
+        assert!(e.contains("No such device or address"), "{path}: {e}");
+    }
+    g.sh("mknod /root/cap c 241 1");
+    assert!(open_error(&g, "/root/cap").contains("Operation not permitted"));
+
+    // Without the `c 195:* rwm` rule the GPU node is refused: the rules are enforced.
+    let no_195 = ConfigEdit {
+        remove_lxc: vec![("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into())],
+        ..Default::default()
+    };
+    config_edit::apply(node.as_ref(), &file, &no_195).unwrap();
+    restart(&g, node.as_ref());
+    assert!(open_error(&g, "/dev/nvidia1").contains("Operation not permitted"));
+
+    // The driver comes back under another uvm major: the old rule is drift, and the lines
+    // rendered from the new facts replace it.
+    host(&format!(
+        "sed -i 's/^238 nvidia-uvm$/511 nvidia-uvm/' {root}/proc/devices && \
+         rm {root}/dev/nvidia-uvm {root}/dev/nvidia-uvm-tools && \
+         mknod {root}/dev/nvidia-uvm c 511 0 && mknod {root}/dev/nvidia-uvm-tools c 511 1"
+    ));
+    let moved = node_gpu::read(node.as_ref(), &root).unwrap();
+    assert_eq!(moved.facts.major("nvidia-uvm"), Some(511));
+    let now = config_edit::read(node.as_ref(), &file).unwrap();
+    let drift = moved.drift(&now.main().pairs());
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    assert!(
+        drift[0].contains("c 238:* rwm") && drift[0].contains("nvidia-uvm 511"),
+        "{drift:?}"
+    );
+    let wanted = rendered_lines(&g, &moved);
+    assert!(spec(&wanted).diff(&facts(&now)).unwrap().is_some());
+    let edit = moved.edit(&wanted, &now.main().pairs());
+    assert_eq!(
+        edit.remove_lxc,
+        vec![(
+            "lxc.cgroup2.devices.allow".to_string(),
+            "c 238:* rwm".to_string()
+        )]
+    );
+    let fixed = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
+    assert!(spec(&wanted).diff(&facts(&fixed)).unwrap().is_none());
+    assert!(moved.drift(&fixed.main().pairs()).is_empty());
+    restart(&g, node.as_ref());
+    assert_eq!(g.sh("stat -c '%Hr:%Lr' /dev/nvidia-uvm"), "511:0\n");
+    assert!(open_error(&g, "/dev/nvidia-uvm").contains("No such device or address"));
+    assert!(open_error(&g, "/dev/nvidia1").contains("No such device or address"));
 }

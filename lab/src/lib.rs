@@ -7,6 +7,7 @@
 pub mod client;
 pub mod control;
 pub mod error;
+pub mod gpu;
 pub mod node;
 pub mod paths;
 pub mod pct;

@@ -64,6 +64,12 @@ impl RawConfig {
         RawConfig { text, digest }
     }
 
+    /// The answer to [`Probe::PveContainer`](crate::engine::facts::Probe::PveContainer)
+    /// read from the file: the current section's lines.
+    pub fn fact(&self) -> crate::engine::facts::Fact {
+        crate::engine::facts::Fact::PveContainer(Some(self.main().pairs()))
+    }
+
     /// The current (main) section: the lines before the first `[section]`.
     pub fn main(&self) -> MainSection {
         MainSection::parse(split_main(&self.text).0)
@@ -353,6 +359,29 @@ pub fn pct_set(
         });
     }
     Ok(back)
+}
+
+/// Carries out `edit` on the node as a root-only step: options through `pct set` (so
+/// Proxmox's own rules apply: hotplug, pending), raw lines through the locked file edit,
+/// each guarded by the digest of what was just read and verified by reading back.
+pub fn apply(
+    node: &dyn Transport,
+    file: &ConfigFile,
+    edit: &ConfigEdit,
+) -> Result<RawConfig, NodeError> {
+    let mut now = read(node, file)?;
+    if !edit.set.is_empty() || !edit.delete.is_empty() {
+        now = pct_set(node, file, &now.digest, &edit.set, &edit.delete)?;
+    }
+    let lines = ConfigEdit {
+        add_lxc: edit.add_lxc.clone(),
+        remove_lxc: edit.remove_lxc.clone(),
+        ..Default::default()
+    };
+    if !lines.is_empty() {
+        now = write(node, file, &now, &lines)?;
+    }
+    Ok(now)
 }
 
 /// The `[pve:pending]` section's options.

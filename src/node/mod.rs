@@ -4,6 +4,7 @@
 
 pub mod bootstrap;
 pub mod config_edit;
+pub mod gpu;
 
 use crate::transport::TransportError;
 
