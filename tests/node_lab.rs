@@ -32,21 +32,28 @@ use provision_lab::testkit::ContainerSpec;
 
 const T: Duration = Duration::from_secs(60);
 
-/// SSH to the lab node as root, its host key pinned in a known_hosts of the test's own.
-fn node_ssh(g: &Guest) -> Arc<dyn Transport> {
-    let lab = &g.lab;
-    let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
-    let port: u16 = port.parse().unwrap();
-    let pub_key = std::fs::read_to_string(lab.dir().join("secrets/ssh_host_ed25519_key.pub"))
+/// A known_hosts of the test's own that pins the lab node's host key.
+fn node_ssh_known_hosts(g: &Guest) -> PathBuf {
+    let (host, port) = g.lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+    let pub_key = std::fs::read_to_string(g.lab.dir().join("secrets/ssh_host_ed25519_key.pub"))
         .expect("the lab node's host key");
-    let known = g.dir.path().join("node_known_hosts");
     let mut parts = pub_key.split_whitespace();
     let line = format!(
         "[{host}]:{port} {} {}\n",
         parts.next().unwrap(),
         parts.next().unwrap()
     );
+    let known = g.dir.path().join("node_known_hosts");
     std::fs::write(&known, line).unwrap();
+    known
+}
+
+/// SSH to the lab node as root, its host key pinned in a known_hosts of the test's own.
+fn node_ssh(g: &Guest) -> Arc<dyn Transport> {
+    let lab = &g.lab;
+    let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+    let port: u16 = port.parse().unwrap();
+    let known = node_ssh_known_hosts(g);
     let mut o = SshOptions::new(host);
     o.port = Some(port);
     o.user = Some("root".into());
@@ -553,4 +560,52 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     assert_eq!(g.sh("stat -c '%Hr:%Lr' /dev/nvidia-uvm"), "511:0\n");
     assert!(open_error(&g, "/dev/nvidia-uvm").contains("No such device or address"));
     assert!(open_error(&g, "/dev/nvidia1").contains("No such device or address"));
+}
+
+/// `provision` against `g`'s inventory with the node's key, its pinned host key and the
+/// lab's stand-in GPUs as the node's.
+fn provision_gpu_inventory(g: &Guest, gpus: &str, args: &[&str]) -> std::process::Output {
+    let path = g.inventory(&format!(
+        "        gpus:\n          devices: [{gpus}]\n          method: lxc\n        roles: [gpu-passthrough]\n"
+    ));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let node_ssh = g.lab.vars["PVE_NODE_SSH"].replacen(':', ", port: ", 1);
+    let text = text.replacen(
+        &format!("ssh: {{ host: {node_ssh} }}"),
+        &format!(
+            "ssh: {{ host: {node_ssh}, identity_file: {} }}",
+            g.lab.key_path().display()
+        ),
+        1,
+    );
+    assert!(text.contains("identity_file: /"), "{text}");
+    std::fs::write(&path, text).unwrap();
+    node_ssh_known_hosts(g);
+    std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+        .args(args)
+        .arg("--known-hosts")
+        .arg(g.dir.path().join("node_known_hosts"))
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .env(node_gpu::ROOT_ENV, &g.lab.vars["LAB_GPU_ROOT"])
+        .env_remove("SSH_AUTH_SOCK")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn plan_refuses_a_gpu_the_node_does_not_have() {
+    let g = Guest::new("node-gpu-cli");
+    let out = provision_gpu_inventory(&g, "5", &["plan"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("inventory.yaml:"), "{stderr}");
+    assert!(
+        stderr.contains("container `t`: GPU 5 not on the node (it has: 0 GPU-4a0f4724-ce2e-401e-401a-c916ec5586e7, 1 GPU-bd921741-4472-2f2e-9847-d8171173854c)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: select GPUs by the index or UUID"),
+        "{stderr}"
+    );
 }

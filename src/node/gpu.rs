@@ -10,7 +10,17 @@ use super::NodeError;
 use super::config_edit::ConfigEdit;
 use crate::gpu::facts::{FactSources, NodeFacts, gather_node_facts_raw};
 use crate::gpu::probe::parse_sections;
+use crate::inventory::container::GpuSelector;
+use crate::render::context::NodeGpuView;
+use crate::resources::pve_lines::PveLinesSpec;
 use crate::transport::Transport;
+
+/// The environment variable naming the prefix of the node's `/dev` and `/proc`, for a node
+/// simulator whose GPUs are stand-ins (the lab's `LAB_GPU_ROOT`); unset on real nodes.
+pub const ROOT_ENV: &str = "PROVISION_NODE_ROOT";
+
+/// The label of the passthrough lines (the `gpu-passthrough` role's).
+pub const LABEL: &str = "gpu-passthrough";
 
 /// What the node says about its GPUs, and every character major it has.
 #[derive(Debug, Clone)]
@@ -129,6 +139,62 @@ impl NodeGpus {
                 (k.clone(), moved)
             })
             .collect()
+    }
+
+    /// What the passthrough template sees of the node: live majors and minors.
+    pub fn view(&self) -> NodeGpuView {
+        let f = &self.facts;
+        NodeGpuView {
+            nvidia_uvm_major: f.major("nvidia-uvm"),
+            minor_by_uuid: f
+                .gpus
+                .iter()
+                .filter_map(|g| Some((g.info.uuid.clone(), g.minor?)))
+                .collect(),
+            minor_by_index: f
+                .gpus
+                .iter()
+                .filter_map(|g| Some((g.info.index, g.minor?)))
+                .collect(),
+        }
+    }
+
+    /// The GPUs `selected` names that the node does not have, with what it has.
+    pub fn missing(&self, selected: &[GpuSelector]) -> Option<String> {
+        let missing: Vec<String> = selected
+            .iter()
+            .filter(|s| self.facts.gpu(s).is_none())
+            .map(|s| s.to_string())
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let have: Vec<String> = self
+            .facts
+            .gpus
+            .iter()
+            .map(|g| format!("{} {}", g.info.index, g.info.uuid))
+            .collect();
+        Some(format!(
+            "GPU {} not on the node (it has: {})",
+            missing.join(", "),
+            if have.is_empty() {
+                "none".into()
+            } else {
+                have.join(", ")
+            }
+        ))
+    }
+
+    /// Rendered passthrough lines made fit for this node (see [`Self::for_node`]).
+    pub fn localize(&self, spec: &mut PveLinesSpec) {
+        if spec.label == LABEL {
+            spec.lines = self
+                .for_node(&spec.pairs())
+                .into_iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+        }
     }
 
     /// Lines in `found` that no longer match the node: a rule for a major NVIDIA no
