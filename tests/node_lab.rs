@@ -22,7 +22,6 @@ use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, HostKeyTrust};
 use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
 use provision::node::gpu::{self as node_gpu, NodeGpus};
-use provision::render::context::NodeGpuView;
 use provision::resources::pve_lines::PveLinesSpec;
 use provision::resources::{Resource, ResourceSpec};
 use provision::transport::node::NodeTransport;
@@ -407,22 +406,8 @@ fn rendered_lines(g: &Guest, gpus: &NodeGpus) -> Vec<(String, String)> {
     let loaded = provision::inventory::load(&path).unwrap();
     let library = Library::load(&loaded).unwrap();
     // The view the template sees, from the facts read over node SSH.
-    let f = &gpus.facts;
-    let view = NodeGpuView {
-        nvidia_uvm_major: f.major("nvidia-uvm"),
-        minor_by_uuid: f
-            .gpus
-            .iter()
-            .filter_map(|x| Some((x.info.uuid.clone(), x.minor?)))
-            .collect(),
-        minor_by_index: f
-            .gpus
-            .iter()
-            .filter_map(|x| Some((x.info.index, x.minor?)))
-            .collect(),
-    };
-    let desired = desired_state(&loaded, &library, &|_| Some(view.clone())).unwrap();
-    let spec = desired
+    let desired = desired_state(&loaded, &library, &|_| Some(gpus.view())).unwrap();
+    let mut spec = desired
         .iter()
         .flat_map(|t| &t.resources)
         .find_map(|d| match &d.spec {
@@ -430,7 +415,8 @@ fn rendered_lines(g: &Guest, gpus: &NodeGpus) -> Vec<(String, String)> {
             _ => None,
         })
         .expect("the gpu-passthrough role renders lines");
-    gpus.for_node(&spec.pairs())
+    gpus.localize(&mut spec);
+    spec.pairs()
 }
 
 /// Opens `path` inside the container: `ENXIO` means the cgroup let it through to a
