@@ -23,6 +23,12 @@ use provision_lab::testkit::ContainerSpec;
 /// The message SGLang 0.5.10 gives for the seeds' first unit (no space after `no_buffer.`).
 const SEED_ERROR: &str = "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.";
 
+/// The stand-in's knobs for the seeds' hang: silent after `Init torch distributed begin.`
+const HANG_AT_INIT: &[(&str, &str)] = &[
+    ("SGLANG_STANDIN_MODE", "hang"),
+    ("SGLANG_STANDIN_HANG_AT", "distributed_init"),
+];
+
 struct Lab {
     g: Guest,
     _shared: tempfile::TempDir,
@@ -88,8 +94,15 @@ impl Lab {
     /// settings the seeds' first unit lacked are there, and `env` more environment (the
     /// stand-in's knobs).
     fn inventory(&self, flags: bool, env: &[(&str, &str)], extra: &str) {
+        self.inventory_parts(flags, flags, env, extra)
+    }
+
+    /// [`Lab::inventory`] with the two settings of the seeds' fix chosen one by one:
+    /// `strategy` (`extra_buffer`) and `spec_v2` (`SGLANG_ENABLE_SPEC_V2=1`).
+    fn inventory_parts(&self, strategy: bool, spec_v2: bool, env: &[(&str, &str)], extra: &str) {
+        let flags = strategy;
         let mut environment = String::from("              SGLANG_STANDIN_LINE: \"0.5.10\"\n");
-        if flags {
+        if spec_v2 {
             environment += "              SGLANG_ENABLE_SPEC_V2: \"1\"\n";
         }
         for (k, v) in env {
@@ -103,16 +116,7 @@ impl Lab {
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
         gpus: {{ devices: [0] }}
-        roles: [ml-env, sglang]
-        ml_env:
-          path: /root/ml-env
-          python: \"3.11\"
-          index: {{ wheelhouse: /opt/wheels }}
-          sglang:
-            repo: {mirror}/git/sglang.git
-            revision: {commit}
-            path: /root/sglang-main
-        models:
+{ml_env}        models:
           qwen3.5-122b:
             repo: Qwen/Qwen3.5-122B-A10B
             path: /shared/models/Qwen3.5-122B-A10B
@@ -133,8 +137,50 @@ impl Lab {
 {environment}            restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
             readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
 {extra}",
+            ml_env = self.ml_env(),
+        ));
+    }
+
+    /// The container's roles and ml-env: the stand-in installed from its git checkout.
+    fn ml_env(&self) -> String {
+        format!(
+            "        roles: [ml-env, sglang]
+        ml_env:
+          path: /root/ml-env
+          python: \"3.11\"
+          index: {{ wheelhouse: /opt/wheels }}
+          sglang:
+            repo: {mirror}/git/sglang.git
+            revision: {commit}
+            path: /root/sglang-main
+",
             mirror = self.g.mirror_url,
             commit = self.commit,
+        )
+    }
+
+    /// Renders the inventory's unit and copies it into the container by hand, as the
+    /// seeds did with scp: no daemon-reload, no restart.
+    fn write_unit_by_hand(&self) {
+        let rendered = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+            .args(["render", "--out"])
+            .arg(rendered.path())
+            .arg(self.g.dir.path().join("inventory.yaml"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        host(&format!(
+            "cp {} {}/etc/systemd/system/sglang-qwen.service",
+            rendered
+                .path()
+                .join("guest/t/etc/systemd/system/sglang-qwen.service")
+                .display(),
+            self.g.ct.rootfs().display()
         ));
     }
 
@@ -201,26 +247,7 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
 
     // Episode 2b: written by hand but never loaded (no daemon-reload): the file matches,
     // systemd does not, and check says so.
-    let rendered = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["render", "--out"])
-        .arg(rendered.path())
-        .arg(l.g.dir.path().join("inventory.yaml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let fixed = rendered
-        .path()
-        .join("guest/t/etc/systemd/system/sglang-qwen.service");
-    host(&format!(
-        "cp {} {}/etc/systemd/system/sglang-qwen.service",
-        fixed.display(),
-        l.g.ct.rootfs().display()
-    ));
+    l.write_unit_by_hand();
     let (drift, _) = l.g.expect(&["check"], 2);
     assert!(
         !drift.contains("+Environment=FIX=1"),
@@ -256,14 +283,7 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
 
     // Episode 3: a hang at distributed init, called after the stall timeout (5 s) plus a
     // poll, not after the deadline (60 s); the last good unit comes back.
-    l.inventory(
-        true,
-        &[
-            ("SGLANG_STANDIN_MODE", "hang"),
-            ("SGLANG_STANDIN_HANG_AT", "distributed_init"),
-        ],
-        "",
-    );
+    l.inventory(true, HANG_AT_INIT, "");
     let (_, err) = l.g.expect(&["apply", "--yes"], 1);
     // The verdict, the rollback and the old unit's own start, all within the deploy step.
     let took = deploy_seconds(&err);
@@ -271,7 +291,10 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
         err.contains("hang: stalled at:") && err.contains("Init torch distributed begin."),
         "{err}"
     );
-    assert!(err.contains("(no log line for 5s, port closed)"), "{err}");
+    assert!(
+        err.contains("(no log line, output, reads, CPU or GPU memory growth for 5s, port closed)"),
+        "{err}"
+    );
     assert!(
         err.contains("rolled back to the last unit that passed the health gate"),
         "{err}"
@@ -363,4 +386,224 @@ fn a_slow_load_that_keeps_talking_is_waited_for() {
             .join("var/lib/provision/last-known-good/sglang-qwen.service")
             .is_file()
     );
+
+    // Issue 11, finding 1: a load that shows progress as real SGLang does, a tqdm bar of
+    // carriage returns that journald holds until the load ends, for three times the
+    // stall timeout. Nothing reaches the journal for 15 s, but the process keeps writing:
+    // waited for, and ready.
+    l.inventory(
+        true,
+        &[
+            ("SGLANG_STANDIN_MODE", "slow"),
+            ("SGLANG_STANDIN_LOAD_SECONDS", "15"),
+            ("SGLANG_STANDIN_PROGRESS", "tqdm"),
+        ],
+        "",
+    );
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    let took = deploy_seconds(&err);
+    assert!(
+        took >= 15.0,
+        "the load was not waited for: {took:.1}s\n{err}"
+    );
+    assert!(err.contains("ready after"), "{err}");
+    assert!(l.serving());
+    let journal =
+        l.g.sh("journalctl -u sglang-qwen.service -o cat --no-pager");
+    assert!(
+        journal.contains("Loading safetensors checkpoint shards: 100% Completed"),
+        "the stand-in printed no tqdm bar: {journal}"
+    );
+
+    // The seeds' hang, silent at distributed init: still called within the stall timeout
+    // plus one poll (5 s + 0.5 s: the verdict says 5 s without progress, not 6).
+    l.inventory(true, HANG_AT_INIT, "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        err.contains("Init torch distributed begin.")
+            && err.contains("CPU or GPU memory growth for 5s, port closed"),
+        "{err}"
+    );
+    assert!(l.serving(), "the tqdm unit came back");
+}
+
+/// Issue 11, findings 2, 3 and 5: what runs is compared with what is declared; a crash
+/// loop and a server that does not answer are drift; preflight warnings are shown.
+#[test]
+fn check_compares_what_runs_and_sees_crash_loops_and_silent_servers() {
+    let l = lab("svc-run");
+    // The seeds' half fix: extra_buffer without SGLANG_ENABLE_SPEC_V2=1. It starts; the
+    // preflight's warning reaches apply's output and its JSON.
+    l.inventory_parts(true, false, &[], "");
+    let (out, err) = l.g.expect(&["apply", "--yes", "--json"], 0);
+    let warning = "SGLANG_ENABLE_SPEC_V2=1 is unset";
+    assert!(err.contains("warning: ") && err.contains(warning), "{err}");
+    assert!(out.contains(warning), "not in the JSON: {out}");
+    // ...and the plan, once SGLang is installed and something changes.
+    l.inventory_parts(true, false, &[("OTHER", "1")], "");
+    let (out, _) = l.g.expect(&["plan"], 0);
+    assert!(out.contains("! warning:") && out.contains(warning), "{out}");
+    let (out, _) = l.g.expect(&["plan", "--json"], 0);
+    assert!(
+        out.contains("\"warnings\"") && out.contains(warning),
+        "{out}"
+    );
+
+    // Finding 2: the fix written and loaded (daemon-reload) but never restarted: the file
+    // and systemd agree with the inventory, the process does not.
+    l.inventory_parts(true, true, &[], "");
+    let pid = l.main_pid();
+    l.write_unit_by_hand();
+    l.g.sh("systemctl daemon-reload");
+    assert!(
+        l.g.sh("systemctl show -p Environment --value sglang-qwen.service")
+            .contains("SGLANG_ENABLE_SPEC_V2=1")
+    );
+    assert_eq!(l.main_pid(), pid);
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(
+        drift.contains(&format!(
+            "the running process (PID {pid}) lacks SGLANG_ENABLE_SPEC_V2=1"
+        )),
+        "{drift}"
+    );
+    let (out, _) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(!out.contains("No changes"), "{out}");
+    let now = l.main_pid();
+    assert_ne!(now, pid, "apply did not restart the stale process");
+    let environ = l.g.sh(&format!("tr '\\0' '\\n' < /proc/{now}/environ"));
+    assert!(
+        environ.lines().any(|l| l == "SGLANG_ENABLE_SPEC_V2=1"),
+        "{environ}"
+    );
+    l.g.expect(&["check"], 0);
+
+    // Finding 3: a crash loop left in place. Whatever moment check looks at (activating,
+    // active between two crashes, failed), systemd has counted a restart: drift, named.
+    l.inventory(
+        true,
+        &[
+            ("SGLANG_STANDIN_MODE", "crash"),
+            ("SGLANG_STANDIN_CRASH_AT", "start"),
+        ],
+        "",
+    );
+    l.g.expect(&["apply", "--yes", "--no-rollback"], 1);
+    let deadline = Instant::now() + std::time::Duration::from_secs(90);
+    while l
+        .g
+        .sh("systemctl show -p NRestarts --value sglang-qwen.service")
+        .trim()
+        == "0"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "systemd never restarted the crashing unit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(
+        drift.contains("sglang-qwen.service crashed: systemd restarted it"),
+        "{drift}"
+    );
+
+    // A server that runs but does not answer (left hanging with --no-rollback): systemd
+    // says active (running); check says it is not ready.
+    l.inventory(true, HANG_AT_INIT, "");
+    l.g.expect(&["apply", "--yes", "--no-rollback"], 1);
+    assert_eq!(
+        l.g.sh("systemctl is-active sglang-qwen.service").trim(),
+        "active"
+    );
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(drift.contains("service sglang-qwen.service"), "{drift}");
+    assert!(
+        drift.contains("readiness") && drift.contains("not ready"),
+        "{drift}"
+    );
+}
+
+/// Issue 11, finding 4 and "also found": environment values that need quoting, a
+/// CPU-only service without `gpus:` or `models:`, and unit directives; a deploy that
+/// fails after writing leaves the last unit that passed the gate loaded.
+#[test]
+fn quoted_environment_values_directives_and_a_failed_load_restored() {
+    let l = lab("svc-quote");
+    let values: &[(&str, &str)] = &[
+        ("TWO_WORDS", "two words"),
+        ("QUOTES", r#"say "hi" and 'bye'"#),
+        ("DOLLAR", "$HOME and ${PATH}"),
+        ("PERCENT", "50% done %n"),
+        ("BACKSLASH", r"back\slash\n"),
+    ];
+    let write = |more: &str| {
+        let mut env = String::from("              SGLANG_STANDIN_LINE: '0.5.10'\n");
+        for (k, v) in values {
+            env += &format!("              {k}: '{}'\n", v.replace('\'', "''"));
+        }
+        env += more;
+        l.g.inventory(&format!(
+            "        mounts: [{{ host: /unused, path: /shared }}]
+{ml_env}        services:
+          sglang-qwen:
+            model_path: /shared/models/Qwen3.5-122B-A10B
+            served_model_name: qwen3.5-122b
+            port: 30000
+            environment:
+{env}            restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
+            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
+            systemd:
+              limit_nofile: \"65536\"
+              nice: 5
+              exec_start_pre: [[/bin/sh, -c, \"echo pre > /run/sglang-pre\"]]
+              extra: {{ TasksMax: \"4096\" }}
+",
+            ml_env = l.ml_env(),
+        ));
+    };
+    write("");
+    let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(err.contains("ready after"), "{out}\n{err}");
+    l.g.expect(&["check"], 0);
+    let (out, _) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("No changes"), "{out}");
+    let pid = l.main_pid();
+    let environ = l.g.sh(&format!("tr '\\0' '\\n' < /proc/{pid}/environ"));
+    for (k, v) in values {
+        assert!(
+            environ.lines().any(|line| line == format!("{k}={v}")),
+            "{k}={v} not in {environ}"
+        );
+    }
+    let shown =
+        l.g.sh("systemctl show -p LimitNOFILE,Nice,TasksMax sglang-qwen.service");
+    for want in ["LimitNOFILE=65536", "Nice=5", "TasksMax=4096"] {
+        assert!(shown.contains(want), "{want} not in {shown}");
+    }
+    assert_eq!(l.g.sh("cat /run/sglang-pre"), "pre\n");
+    let good = l.unit();
+
+    // A drop-in written by someone else makes systemd load another value than the one
+    // provision writes: the deploy fails after its daemon-reload, and the last unit that
+    // passed the gate is put back and loaded; the running process is left alone.
+    l.g.sh("mkdir -p /etc/systemd/system/sglang-qwen.service.d && printf '[Service]\\nEnvironment=SGLANG_STANDIN_LINE=0.5.23\\n' > /etc/systemd/system/sglang-qwen.service.d/zz-local.conf");
+    write("              NEW: '1'\n");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        err.contains("systemd did not load what was written"),
+        "{err}"
+    );
+    assert!(err.contains("is loaded again"), "{err}");
+    assert_eq!(l.unit(), good);
+    assert_eq!(
+        l.g.sh("systemctl show -p NeedDaemonReload --value sglang-qwen.service"),
+        "no\n"
+    );
+    assert!(
+        !l.g.sh("systemctl show -p Environment --value sglang-qwen.service")
+            .contains("NEW=1")
+    );
+    assert_eq!(l.main_pid(), pid);
+    assert!(l.serving());
 }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::steps::write_file_atomic;
 use crate::health::Verdict;
 use crate::health::watch::{WatchSpec, journal_cursor, unit_properties, watch};
+use crate::render::systemd::{assignments, split_shown};
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";
@@ -97,6 +98,15 @@ pub fn loaded_argv(exec_start: &str) -> Option<String> {
     Some(rest[..end].trim().to_string())
 }
 
+/// An argv as `systemctl show` prints a loaded `ExecStart`'s `argv[]=`.
+pub fn shown_argv(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| w.replace('$', "$$"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// What systemd runs for `d.unit`, compared with what the inventory says; the differences.
 pub fn loaded_differences(d: &Deploy) -> Vec<String> {
     let p = unit_properties(
@@ -138,27 +148,29 @@ pub fn loaded_differences_of(
     if get("NeedDaemonReload") == "yes" {
         diffs.push("the unit file changed after systemd loaded it (daemon-reload needed)".into());
     }
-    let want = d.exec_start.join(" ");
-    match loaded_argv(&get("ExecStart")) {
-        Some(have) if have == want => {}
-        have => diffs.push(format!(
-            "loaded ExecStart is `{}`, the inventory says `{want}`",
-            have.unwrap_or_default()
-        )),
+    // systemd shows the loaded argv as its words joined by blanks, unquoted, with `$$`
+    // still escaped (substitution happens at exec); `Environment=` it shows shell-quoted.
+    // Each is compared in its own form: the words joined as systemd joins them, the
+    // environment as parsed values, never as quoted text.
+    if !d.exec_start.is_empty() {
+        let want = shown_argv(&d.exec_start);
+        match loaded_argv(&get("ExecStart")) {
+            Some(have) if have == want => {}
+            have => diffs.push(format!(
+                "loaded ExecStart is `{}`, the inventory says `{want}`",
+                have.unwrap_or_default()
+            )),
+        }
     }
-    let env = get("Environment");
-    let have: Vec<&str> = env.split_whitespace().collect();
+    let loaded = assignments(&split_shown(&get("Environment")));
     for assignment in &d.environment {
-        // Values with blanks are shown escaped by systemctl; compare those by name only.
-        let exact = !assignment.contains(char::is_whitespace);
-        let name = assignment.split('=').next().unwrap_or("");
-        let found = if exact {
-            have.contains(&assignment.as_str())
-        } else {
-            have.iter().any(|h| h.starts_with(&format!("{name}=")))
-        };
-        if !found {
-            diffs.push(format!("loaded Environment lacks `{assignment}`"));
+        let (name, value) = assignment.split_once('=').unwrap_or((assignment, ""));
+        match loaded.get(name) {
+            Some(v) if v == value => {}
+            Some(_) => diffs.push(format!(
+                "loaded Environment sets {name} to another value than `{assignment}`"
+            )),
+            None => diffs.push(format!("loaded Environment lacks `{assignment}`")),
         }
     }
     diffs
@@ -194,8 +206,9 @@ pub fn deploy(d: &Deploy) -> Result<DeployReport, String> {
     }
     let diffs = loaded_differences(d);
     if !diffs.is_empty() {
+        let restored = restore_last_known_good(d);
         return Err(format!(
-            "systemd did not load what was written to {}:\n  {}",
+            "systemd did not load what was written to {}:\n  {}\n  {restored}",
             d.unit_path,
             diffs.join("\n  ")
         ));
@@ -290,6 +303,25 @@ fn try_fallbacks(
     Ok(None)
 }
 
+/// Puts the last unit that passed the health gate back on disk and into systemd, without
+/// touching the running process: a deploy that fails before its restart must not leave a
+/// new unit loaded under the old process. What was done, in words.
+fn restore_last_known_good(d: &Deploy) -> String {
+    if !d.rollback {
+        return "left as it is for debugging (--no-rollback)".into();
+    }
+    let lkg = lkg_path(&d.unit);
+    let Ok(good) = fs::read(&lkg) else {
+        return "no earlier unit passed the health gate, so there is nothing to restore".into();
+    };
+    let restored = write_file_atomic(Path::new(&d.unit_path), &good, "root", "root", 0o644)
+        .and_then(|_| systemctl(&["daemon-reload"]));
+    match restored {
+        Ok(()) => format!("the last unit that passed the health gate ({lkg}) is loaded again"),
+        Err(e) => format!("restoring {lkg} failed: {e}"),
+    }
+}
+
 /// Reports a failed gate, rolling back first when asked and possible.
 fn fail(d: &Deploy, failed: &Verdict) -> String {
     let mut msg = format!("{} did not become ready: {}", d.unit, failed.summary());
@@ -355,5 +387,38 @@ mod tests {
             Some("/root/ml-env/bin/python3 -m sglang.launch_server --tp 4")
         );
         assert_eq!(loaded_argv(""), None);
+    }
+
+    /// As systemd 252 shows a unit with these words (read in a lab container):
+    /// `argv[]=/bin/sh -c sleep 1000 # $$HOME 50% "q" back\\s two words $$X`.
+    #[test]
+    fn argv_as_systemd_shows_it() {
+        let words: Vec<String> = [
+            "/bin/sh",
+            "-c",
+            "sleep 1000 # $HOME 50% \"q\" back\\\\s",
+            "two words",
+            "$X",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            shown_argv(&words),
+            r#"/bin/sh -c sleep 1000 # $$HOME 50% "q" back\\s two words $$X"#
+        );
+    }
+
+    /// `Environment=` as systemd 252 shows it, parsed back into the values written.
+    #[test]
+    fn environment_as_systemd_shows_it() {
+        let shown = r#""TWO=two words" "Q=say \"hi\" and 'bye'" "D=\$HOME and \${PATH}" "P=50% done %n" "B=back\\slash\\n" PLAIN=1"#;
+        let map = assignments(&split_shown(shown));
+        assert_eq!(map["TWO"], "two words");
+        assert_eq!(map["Q"], r#"say "hi" and 'bye'"#);
+        assert_eq!(map["D"], "$HOME and ${PATH}");
+        assert_eq!(map["P"], "50% done %n");
+        assert_eq!(map["B"], r"back\slash\n");
+        assert_eq!(map["PLAIN"], "1");
     }
 }

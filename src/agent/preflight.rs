@@ -13,6 +13,51 @@ use serde::{Deserialize, Serialize};
 /// The script that runs SGLang's parser without launching a server.
 const PARSER_SCRIPT: &str = include_str!("sglang_preflight.py");
 
+/// Long options of SGLang's server parser on the 0.5.10 line (up to 0.5.13), recorded
+/// from the real release.
+const FLAGS_0_5_10: &str = include_str!("sglang_flags/0.5.10.txt");
+/// The same for the 0.5.23 line (0.5.14 on, where the mamba option was renamed).
+const FLAGS_0_5_23: &str = include_str!("sglang_flags/0.5.23.txt");
+
+/// The recorded long options of the line `version` belongs to.
+pub fn known_flags(version: (u32, u32, u32)) -> Vec<&'static str> {
+    let text = if version < (0, 5, 14) {
+        FLAGS_0_5_10
+    } else {
+        FLAGS_0_5_23
+    };
+    text.lines().filter(|l| l.starts_with("--")).collect()
+}
+
+/// Rewrites argparse abbreviations to the options they stand for, as argparse does
+/// (`--speculative-algo NEXTN` is `--speculative-algorithm NEXTN`, `--tp=4` is
+/// `--tp-size=4`), so rules see what SGLang sees. An exact option, an unknown one and an
+/// ambiguous prefix (argparse refuses those itself) stay as written.
+pub fn resolve_abbreviations(args: &[String], flags: &[&str]) -> Vec<String> {
+    args.iter()
+        .map(|arg| {
+            if !arg.starts_with("--") || arg == "--" {
+                return arg.clone();
+            }
+            let (name, value) = match arg.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (arg.as_str(), None),
+            };
+            if flags.contains(&name) {
+                return arg.clone();
+            }
+            let mut matches = flags.iter().filter(|f| f.starts_with(name));
+            match (matches.next(), matches.next()) {
+                (Some(full), None) => match value {
+                    Some(v) => format!("{full}={v}"),
+                    None => full.to_string(),
+                },
+                _ => arg.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Hybrid (Gated DeltaNet) architectures that SGLang's mamba rules apply to.
 pub const HYBRID_GDN: &[&str] = &[
     "Qwen3NextForCausalLM",
@@ -102,12 +147,13 @@ pub fn release_rules(
     let Some(v) = version else {
         return (errors, warnings);
     };
-    let speculative = flag_value(&spec.args, "--speculative-algorithm").is_some();
+    let args = resolve_abbreviations(&spec.args, &known_flags(v));
+    let speculative = flag_value(&args, "--speculative-algorithm").is_some();
     let hybrid = arch.is_some_and(|a| HYBRID_GDN.contains(&a));
-    let old_flag = flag_value(&spec.args, "--mamba-scheduler-strategy");
-    let new_flag = flag_value(&spec.args, "--mamba-radix-cache-strategy");
+    let old_flag = flag_value(&args, "--mamba-scheduler-strategy");
+    let new_flag = flag_value(&args, "--mamba-radix-cache-strategy");
     let strategy = new_flag.or(old_flag);
-    let radix_off = spec.args.iter().any(|a| a == "--disable-radix-cache");
+    let radix_off = args.iter().any(|a| a == "--disable-radix-cache");
     let spec_v2 = has_env(&spec.environment, "SGLANG_ENABLE_SPEC_V2");
     let line = format!("{}.{}.{}", v.0, v.1, v.2);
     if ((0, 5, 10)..(0, 5, 14)).contains(&v) && speculative && hybrid && !radix_off {
@@ -428,6 +474,35 @@ mod tests {
             release_rules(&s, Some((0, 5, 10)), Some("LlamaForCausalLM"))
                 .0
                 .is_empty()
+        );
+    }
+
+    /// The seeds' own argv spelled the algorithm `--speculative-algo`, which argparse
+    /// accepts as an abbreviation; the rules must see it.
+    #[test]
+    fn abbreviations_are_resolved_before_the_rules() {
+        let s = spec(
+            &["--speculative-algo", "NEXTN", "--mamba-sched=no_buffer"],
+            &[],
+        );
+        let (errors, _) = release_rules(&s, Some((0, 5, 10)), ARCH);
+        assert!(
+            errors[0].contains("needs `mamba_scheduler_strategy: extra_buffer`"),
+            "{errors:?}"
+        );
+        let flags = known_flags((0, 5, 10));
+        let words = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            resolve_abbreviations(
+                &words(&["--tp", "4", "--tp-size=2", "--speculative-num", "x"]),
+                &flags
+            ),
+            words(&["--tp-size", "4", "--tp-size=2", "--speculative-num", "x"]),
+            "exact stays, unique prefix resolves, ambiguous stays"
+        );
+        assert_eq!(
+            resolve_abbreviations(&words(&["--mamba-radix-cache"]), &known_flags((0, 5, 23))),
+            words(&["--mamba-radix-cache-strategy"])
         );
     }
 

@@ -36,6 +36,8 @@ pub const UNIT_PROPERTIES: &[&str] = &[
     "ExecStart",
     "Environment",
     "Result",
+    "DropInPaths",
+    "ExecMainStartTimestampMonotonic",
 ];
 
 /// Answers one probe. Errors reading what exists are reported in the fact's absence only
@@ -48,6 +50,13 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
         Probe::Git { path } => Fact::Git(git(Path::new(path))?),
         Probe::Cuda { home } => Fact::Cuda(cuda(Path::new(home))),
         Probe::Unit { name } => Fact::Unit(unit(name)?),
+        Probe::Readiness {
+            url,
+            served_model_name,
+        } => Fact::Readiness(Some(crate::health::process::readiness(
+            url,
+            served_model_name,
+        ))),
         Probe::Model { path } => {
             Fact::Model(crate::agent::model_fact(Path::new(path), verify_full)?)
         }
@@ -312,7 +321,11 @@ pub fn unit(name: &str) -> Result<Option<UnitFact>, String> {
     if properties.get("LoadState").map(String::as_str) == Some("not-found") {
         return Ok(None);
     }
-    Ok(Some(UnitFact { properties }))
+    let process = crate::health::process::main_process(&properties);
+    Ok(Some(UnitFact {
+        properties,
+        process,
+    }))
 }
 
 #[cfg(test)]

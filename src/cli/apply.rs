@@ -81,6 +81,20 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 step.description,
                 step.millis as f64 / 1000.0
             ));
+            // A preflight that passes may still have something to say (a setting that
+            // works, but not as well as it could).
+            let warnings = step
+                .detail
+                .as_ref()
+                .and_then(|d| {
+                    serde_json::from_value::<crate::agent::preflight::PreflightReport>(d.clone())
+                        .ok()
+                })
+                .map(|r| r.warnings)
+                .unwrap_or_default();
+            for w in warnings {
+                printer.warn(&format!("{}: {w}", target.heading()));
+            }
         },
     )?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();

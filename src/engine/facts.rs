@@ -40,6 +40,13 @@ pub enum Probe {
         /// Unit name.
         name: String,
     },
+    /// Whether a server answers its readiness URL and lists its model there.
+    Readiness {
+        /// URL that must list the model (`http://127.0.0.1:30000/v1/models`).
+        url: String,
+        /// The model name it must list.
+        served_model_name: String,
+    },
     /// A model folder's verification record.
     Model {
         /// The model's folder.
@@ -121,6 +128,9 @@ pub struct CudaFact {
 pub struct UnitFact {
     /// Properties by name.
     pub properties: BTreeMap<String, String>,
+    /// Its main process as it runs, when there is one.
+    #[serde(default)]
+    pub process: Option<crate::health::process::ProcessFact>,
 }
 
 /// A model folder's verification record, summarised.
@@ -154,6 +164,8 @@ pub enum Fact {
     Unit(Option<UnitFact>),
     /// Answer to [`Probe::Model`].
     Model(Option<ModelFact>),
+    /// Answer to [`Probe::Readiness`] (always `Some` when read).
+    Readiness(Option<crate::health::process::ReadinessFact>),
     /// Answer to [`Probe::PveContainer`]: the main section's `key: value` lines in file
     /// order (raw `lxc.*` keys may repeat).
     PveContainer(Option<Vec<(String, String)>>),
@@ -212,6 +224,10 @@ impl Facts {
     accessor!(
         /// A model's record.
         model, Model, ModelFact
+    );
+    accessor!(
+        /// A server's answer at its readiness URL.
+        readiness, Readiness, crate::health::process::ReadinessFact
     );
     accessor!(
         /// A container's Proxmox config.

@@ -93,6 +93,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
                 attributes: delta.attributes,
                 diff: delta.diff,
                 reasons: delta.reasons,
+                warnings: r.warnings(facts),
                 spec: d.spec.clone(),
             }),
         }

@@ -2,7 +2,12 @@
 //! each: a crash loop that `systemctl is-active` called active, a hang at NCCL init that
 //! looked like a slow load, and a slow load that looked like a hang. [`Gate`] turns a
 //! series of [`Observation`]s into a [`Verdict`]; [`watch`] gathers them on the target.
+//! Progress is judged from the journal AND from what the unit's processes do
+//! ([`activity`]): a tqdm bar never reaches the journal until loading ends.
 
+pub mod activity;
+pub mod http;
+pub mod process;
 pub mod watch;
 
 use std::time::Duration;
@@ -26,6 +31,8 @@ pub struct Observation {
     pub exit_status: Option<i32>,
     /// Journal lines of the unit that are new since the previous poll.
     pub new_lines: Vec<String>,
+    /// What the unit's processes have done so far (cumulative counters).
+    pub activity: activity::Activity,
     /// Whether the server's port accepts connections.
     pub port_open: bool,
     /// Whether the readiness URL lists the served model.
@@ -54,11 +61,12 @@ pub enum Verdict {
         /// The end of the journal: the traceback, usually.
         evidence: Vec<String>,
     },
-    /// Alive, port closed, and the log has not moved for the stall timeout.
+    /// Alive, port closed, and nothing moved for the stall timeout: no journal line, no
+    /// output written, nothing read, no CPU time, no GPU memory growth.
     Hang {
         /// The last log line, where it is stuck.
         stalled_at: String,
-        /// How long the log had been still.
+        /// How long everything had been still.
         silent_ms: u64,
     },
     /// Still loading when the deadline passed.
@@ -86,7 +94,7 @@ impl Verdict {
                 stalled_at,
                 silent_ms,
             } => format!(
-                "hang: stalled at: {stalled_at} (no log line for {}s, port closed)",
+                "hang: stalled at: {stalled_at} (no log line, output, reads, CPU or GPU memory growth for {}s, port closed)",
                 silent_ms / 1000
             ),
             Verdict::Timeout { last_line } => {
@@ -101,7 +109,8 @@ impl Verdict {
 pub struct Limits {
     /// Give up after this long.
     pub deadline: Duration,
-    /// A still log this long, with the process alive and the port closed, is a hang.
+    /// This long without progress of any kind, with the process alive and the port
+    /// closed, is a hang.
     pub stall_timeout: Duration,
 }
 
@@ -113,6 +122,8 @@ pub struct Gate {
     last_line: String,
     last_progress: Duration,
     tail: Vec<String>,
+    previous: Option<(Duration, activity::Activity)>,
+    moved: activity::Moved,
 }
 
 /// Journal lines kept as evidence.
@@ -127,7 +138,14 @@ impl Gate {
             last_line: String::new(),
             last_progress: Duration::ZERO,
             tail: Vec::new(),
+            previous: None,
+            moved: activity::Moved::default(),
         }
+    }
+
+    /// What the processes did since the previous observation.
+    pub fn moved(&self) -> activity::Moved {
+        self.moved
     }
 
     /// The latest log line seen (progress for people while loading).
@@ -142,6 +160,16 @@ impl Gate {
             self.last_line = line.trim().to_string();
             self.last_progress = o.elapsed;
         }
+        self.moved = match self.previous {
+            Some((at, before)) => o
+                .activity
+                .moved_since(&before, o.elapsed.saturating_sub(at).as_millis() as u64),
+            None => activity::Moved::default(),
+        };
+        if self.moved.any() {
+            self.last_progress = o.elapsed;
+        }
+        self.previous = Some((o.elapsed, o.activity));
         self.tail.extend(o.new_lines.iter().cloned());
         if self.tail.len() > TAIL {
             self.tail.drain(..self.tail.len() - TAIL);
@@ -273,6 +301,84 @@ mod tests {
         ready.model_listed = true;
         ready.healthy = true;
         assert_eq!(g.observe(&ready), Some(Verdict::Ready { after_ms: 61_000 }));
+    }
+
+    /// A load that writes only carriage-return updates (tqdm): no journal line for far
+    /// longer than the stall timeout, but output keeps being written.
+    #[test]
+    fn a_tqdm_load_without_journal_lines_is_waited_for() {
+        let mut g = Gate::new(limits());
+        assert_eq!(
+            g.observe(&running(
+                0,
+                &["Using model weights format ['*.safetensors']"]
+            )),
+            None
+        );
+        for s in 1..=30 {
+            let mut o = running(s, &[]);
+            o.activity.processes = 1;
+            o.activity.written = 1000 + s * 90;
+            assert_eq!(g.observe(&o), None, "at {s}s");
+            assert_eq!(g.moved().describe(), "output");
+        }
+        // Reads alone (an mmap-ed checkpoint faulting in) count as well.
+        for s in 31..=45 {
+            let mut o = running(s, &[]);
+            o.activity.written = 1000 + 30 * 90;
+            o.activity.read = s * 1_000_000;
+            assert_eq!(g.observe(&o), None, "at {s}s");
+        }
+        // Then everything stops: a hang after the stall timeout.
+        let mut still = running(46, &[]);
+        still.activity.written = 1000 + 30 * 90;
+        still.activity.read = 45 * 1_000_000;
+        assert_eq!(g.observe(&still), None);
+        still.elapsed = Duration::from_secs(50);
+        match g.observe(&still) {
+            Some(Verdict::Hang { silent_ms, .. }) => assert_eq!(silent_ms, 5000),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// GPU memory filling up is progress; a silent process with flat counters is not.
+    #[test]
+    fn gpu_memory_growth_is_progress_and_flat_counters_are_not() {
+        let mut g = Gate::new(limits());
+        for s in 0..20 {
+            let mut o = running(s, &[]);
+            o.activity.gpu_mib = Some(1000 + s * 4000);
+            assert_eq!(g.observe(&o), None, "at {s}s");
+        }
+        let mut g = Gate::new(limits());
+        let mut verdict = None;
+        for s in 0..20 {
+            let mut o = running(
+                s,
+                if s == 0 {
+                    &["Init torch distributed begin."]
+                } else {
+                    &[]
+                },
+            );
+            o.activity = activity::Activity {
+                processes: 1,
+                written: 500,
+                read: 9000,
+                cpu_ms: 1200,
+                gpu_mib: Some(1024),
+            };
+            if let Some(v) = g.observe(&o) {
+                verdict = Some((s, v));
+                break;
+            }
+        }
+        match verdict {
+            Some((5, Verdict::Hang { stalled_at, .. })) => {
+                assert_eq!(stalled_at, "Init torch distributed begin.")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

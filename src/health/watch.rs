@@ -1,17 +1,18 @@
 //! Gathers [`Observation`]s on the target itself (the agent runs this): systemd's view of
-//! the unit, the journal lines written since the (re)start, whether the port accepts
-//! connections, and whether the server lists its model. Polling happens next to the
+//! the unit, the journal lines written since the (re)start, what the unit's processes
+//! wrote, read and computed, whether the port accepts connections, and whether the server
+//! lists its model. Polling happens next to the
 //! server, so a poll costs milliseconds, not an SSH round trip.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Gate, Limits, Observation, Verdict};
+use super::http::HttpClient;
+use super::{Gate, Limits, Observation, Verdict, activity};
 
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,32 +95,6 @@ fn port_open(port: u16) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
 }
 
-/// A plain HTTP/1.0 GET of an `http://host:port/path` URL: the status and the body.
-pub fn http_get(url: &str, timeout: Duration) -> Option<(u16, String)> {
-    let rest = url.strip_prefix("http://")?;
-    let (hostport, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
-        .ok()?
-        .next()?;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.set_write_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {hostport}\r\nAccept: application/json\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = Vec::new();
-    s.take(4 * 1024 * 1024).read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
 /// Whether an OpenAI-style `/v1/models` body lists `name`.
 pub fn lists_model(body: &str, name: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(body)
@@ -129,7 +104,7 @@ pub fn lists_model(body: &str, name: &str) -> bool {
 }
 
 /// The `/health` URL next to a readiness URL.
-fn health_url(url: &str) -> String {
+pub fn health_url(url: &str) -> String {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let base = rest.split('/').next().unwrap_or(rest);
     format!("http://{base}/health")
@@ -145,6 +120,8 @@ pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(
     let mut cursor = cursor;
     let poll = Duration::from_millis(spec.poll_interval_ms.max(50));
     let health = health_url(&spec.url);
+    let http = HttpClient::new(Duration::from_secs(2)).ok();
+    let gpu = activity::gpu_memory_mib().is_some();
     loop {
         let props = unit_properties(
             &spec.unit,
@@ -154,29 +131,34 @@ pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(
                 "NRestarts",
                 "MainPID",
                 "ExecMainStatus",
+                "ControlGroup",
             ],
         );
         let (new_lines, next) = journal_after(&spec.unit, &cursor);
         cursor = next;
-        let port_open = port_open(spec.port);
-        let (model_listed, healthy) = if port_open {
-            let listed = http_get(&spec.url, Duration::from_secs(2))
-                .is_some_and(|(s, body)| s == 200 && lists_model(&body, &spec.served_model_name));
-            let healthy =
-                listed && http_get(&health, Duration::from_secs(2)).is_some_and(|(s, _)| s == 200);
-            (listed, healthy)
-        } else {
-            (false, false)
-        };
         let get = |k: &str| props.get(k).cloned().unwrap_or_default();
+        let main_pid = get("MainPID").parse().ok().filter(|p| *p != 0);
+        let pids = activity::unit_pids(&get("ControlGroup"), main_pid);
+        let port_open = port_open(spec.port);
+        let (model_listed, healthy) = match (&http, port_open) {
+            (Some(http), true) => {
+                let listed = http
+                    .get(&spec.url)
+                    .is_ok_and(|(s, body)| s == 200 && lists_model(&body, &spec.served_model_name));
+                let healthy = listed && http.get(&health).is_ok_and(|(s, _)| s == 200);
+                (listed, healthy)
+            }
+            _ => (false, false),
+        };
         let obs = Observation {
             elapsed: started.elapsed(),
             active_state: get("ActiveState"),
             sub_state: get("SubState"),
             restarts: get("NRestarts").parse().unwrap_or(0),
-            main_pid: get("MainPID").parse().ok().filter(|p| *p != 0),
+            main_pid,
             exit_status: get("ExecMainStatus").parse().ok(),
             new_lines,
+            activity: activity::read(&pids, gpu),
             port_open,
             model_listed,
             healthy,
@@ -212,24 +194,5 @@ mod tests {
             health_url("http://127.0.0.1:30000/v1/models"),
             "http://127.0.0.1:30000/health"
         );
-    }
-
-    #[test]
-    fn http_get_against_a_real_listener() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
-            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\nno")
-                .unwrap();
-        });
-        let got = http_get(
-            &format!("http://127.0.0.1:{port}/health"),
-            Duration::from_secs(2),
-        );
-        assert_eq!(got, Some((503, "no".to_string())));
-        server.join().unwrap();
     }
 }

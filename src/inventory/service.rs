@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::spanned::Sp;
-use super::text::{AbsPath, EnvName, Host, Name, Text};
+use super::text::{AbsPath, DirectiveName, EnvName, Host, Name, Text};
 use super::units::TimeSpan;
 
 /// A model server run by systemd.
@@ -19,8 +19,12 @@ pub struct Service {
     pub unit: Option<Sp<Name>>,
     /// The unit's `Description=`.
     pub description: Option<Sp<Text>>,
-    /// The model to serve: a name under the container's `models:`.
-    pub model: Sp<Name>,
+    /// The model to serve: a name under the container's `models:`. Leave it out and set
+    /// `model_path` for a model provision does not download.
+    pub model: Option<Sp<Name>>,
+    /// The folder of a model already on the container (not under `models:`), e.g. on a
+    /// shared mount managed elsewhere. Exactly one of `model` and `model_path`.
+    pub model_path: Option<Sp<AbsPath>>,
     /// The name clients use (`--served-model-name`), listed by `/v1/models`.
     pub served_model_name: Sp<Text>,
     /// Tensor parallel size: how many GPUs one model instance spans (`--tp`).
@@ -74,7 +78,59 @@ pub struct Service {
     /// rolling back), e.g. without speculative decoding. Success is reported as degraded.
     #[serde(default)]
     pub fallback: Vec<Fallback>,
+    /// More systemd directives for the unit's `[Service]` section.
+    #[serde(default)]
+    pub systemd: UnitDirectives,
 }
+
+/// systemd directives added to the unit (systemd.exec(5), systemd.service(5)). The ones
+/// provision writes itself (`ExecStart`, `Environment`, `User`, `Restart` ...) are set by
+/// the typed fields above and cannot be given here.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnitDirectives {
+    /// `LimitNOFILE=`: how many files the server may open, a number or `infinity`.
+    pub limit_nofile: Option<Sp<Text>>,
+    /// `LimitMEMLOCK=`: locked memory, bytes with an optional K/M/G suffix, or `infinity`.
+    pub limit_memlock: Option<Sp<Text>>,
+    /// `Nice=`: scheduling priority, -20 (first) to 19 (last).
+    pub nice: Option<Sp<i32>>,
+    /// `OOMScoreAdjust=`: -1000 (never killed for memory) to 1000.
+    pub oom_score_adjust: Option<Sp<i32>>,
+    /// `CPUAffinity=`: the CPUs the server may run on, as CPU numbers and ranges
+    /// (`["0-31", "64-95"]`).
+    #[serde(default)]
+    pub cpu_affinity: Vec<Sp<Text>>,
+    /// `ExecStartPre=`: commands run before the server starts, each an argv whose first
+    /// word is an absolute path (`["/usr/bin/nvidia-smi", "-pm", "1"]`).
+    #[serde(default)]
+    pub exec_start_pre: Vec<Vec<Sp<Text>>>,
+    /// Any other `[Service]` directive by name, e.g. `TasksMax: "4096"`.
+    #[serde(default)]
+    pub extra: IndexMap<DirectiveName, Sp<Text>>,
+}
+
+/// Directives provision writes itself; `systemd.extra` may not repeat them.
+pub const MANAGED_DIRECTIVES: &[&str] = &[
+    "Type",
+    "User",
+    "WorkingDirectory",
+    "Environment",
+    "ExecStart",
+    "ExecStartPre",
+    "Restart",
+    "RestartSec",
+    "TimeoutStartSec",
+    "TimeoutStopSec",
+    "KillMode",
+    "LimitNOFILE",
+    "LimitMEMLOCK",
+    "Nice",
+    "OOMScoreAdjust",
+    "CPUAffinity",
+    "StartLimitIntervalSec",
+    "StartLimitBurst",
+];
 
 /// A degraded variant of a service: some typed settings dropped, arguments and
 /// environment added.

@@ -205,6 +205,25 @@ checked_string!(
 );
 
 checked_string!(
+    /// A systemd directive name, such as `LimitNOFILE` or `OOMScoreAdjust`.
+    DirectiveName,
+    "A systemd directive name: a capital letter, then letters and digits, e.g. OOMScoreAdjust.",
+    Some("^[A-Z][A-Za-z0-9]*$"),
+    |s| {
+        let mut chars = s.chars();
+        let ok = chars.next().is_some_and(|c| c.is_ascii_uppercase())
+            && chars.all(|c| c.is_ascii_alphanumeric());
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{s}` is not a systemd directive name\nhint: directives are written as systemd.exec(5) spells them, e.g. LimitMEMLOCK"
+            ))
+        }
+    }
+);
+
+checked_string!(
     /// A host name or IP address.
     Host,
     "A host name or IP address.",

@@ -465,32 +465,135 @@ impl Validator<'_> {
         }
     }
 
+    fn directives(&mut self, service: &Name, d: &super::service::UnitDirectives) {
+        if let Some(n) = &d.nice
+            && !(-20..=19).contains(&n.value)
+        {
+            self.err(
+                n.pos,
+                format!("nice {} is outside -20..19", n.value),
+                "-20 runs first, 19 last; 0 is the default",
+            );
+        }
+        if let Some(n) = &d.oom_score_adjust
+            && !(-1000..=1000).contains(&n.value)
+        {
+            self.err(
+                n.pos,
+                format!("oom_score_adjust {} is outside -1000..1000", n.value),
+                "-1000 is never killed for memory, 1000 first",
+            );
+        }
+        for (field, limit) in [
+            ("limit_nofile", &d.limit_nofile),
+            ("limit_memlock", &d.limit_memlock),
+        ] {
+            if let Some(l) = limit {
+                let v = l.as_str();
+                let digits = v.trim_end_matches(['K', 'M', 'G', 'T']);
+                let ok = v == "infinity"
+                    || (!digits.is_empty()
+                        && digits.chars().all(|c| c.is_ascii_digit())
+                        && (field == "limit_memlock" || digits == v));
+                if !ok {
+                    self.err(
+                        l.pos,
+                        format!("{field} `{v}` is not a limit"),
+                        "a number such as 1048576, or `infinity`",
+                    );
+                }
+            }
+        }
+        for cpus in &d.cpu_affinity {
+            let ok = cpus.as_str().split(',').all(|part| {
+                let mut ends = part.splitn(2, '-');
+                let number = |s: Option<&str>| {
+                    s.is_some_and(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()))
+                };
+                let first = ends.next();
+                number(first) && ends.next().is_none_or(|e| number(Some(e)))
+            });
+            if !ok {
+                self.err(
+                    cpus.pos,
+                    format!("cpu_affinity `{}` is not a CPU list", cpus.value),
+                    "CPU numbers and ranges, e.g. \"0-31\" or \"0,2,4\"",
+                );
+            }
+        }
+        for argv in &d.exec_start_pre {
+            match argv.first() {
+                Some(first) if first.as_str().starts_with('/') => {}
+                Some(first) => self.err(
+                    first.pos,
+                    format!(
+                        "exec_start_pre of `{service}` runs `{}`, not an absolute path",
+                        first.value
+                    ),
+                    "start each command with its absolute path, e.g. /usr/bin/nvidia-smi",
+                ),
+                None => {}
+            }
+        }
+        for (name, value) in &d.extra {
+            if super::service::MANAGED_DIRECTIVES.contains(&name.as_str()) {
+                let typed = match name.as_str() {
+                    "LimitNOFILE" => "set `systemd.limit_nofile` instead",
+                    "LimitMEMLOCK" => "set `systemd.limit_memlock` instead",
+                    "Nice" => "set `systemd.nice` instead",
+                    "OOMScoreAdjust" => "set `systemd.oom_score_adjust` instead",
+                    "CPUAffinity" => "set `systemd.cpu_affinity` instead",
+                    "ExecStartPre" => "set `systemd.exec_start_pre` instead",
+                    _ => "provision writes it from the service's typed fields",
+                };
+                self.err(
+                    value.pos,
+                    format!("`{name}` in systemd.extra is a directive provision writes itself"),
+                    typed,
+                );
+            }
+        }
+    }
+
     fn services(&mut self, ct_name: &Name, ct: &Container) {
         let gpu_count = ct.gpus.as_ref().map_or(0, |g| g.devices.len());
         let model_names: Vec<&str> = ct.models.keys().map(|k| k.as_str()).collect();
         let mut ports: HashMap<u16, &Name> = HashMap::new();
         let mut units: HashMap<String, &Name> = HashMap::new();
         for (name, svc) in &ct.services {
-            if !ct.models.contains_key(svc.model.as_str()) {
-                let hint = match did_you_mean(svc.model.as_str(), &model_names) {
-                    Some(best) => format!("did you mean `{best}`?"),
-                    None if model_names.is_empty() => {
-                        "declare it under `models:` in this container".to_string()
-                    }
-                    None => format!("declared models: {}", model_names.join(", ")),
-                };
-                self.err(
-                    svc.model.pos,
-                    format!(
-                        "service `{name}` serves model `{}`, which is not declared",
-                        svc.model.value
-                    ),
-                    hint,
-                );
+            match (&svc.model, &svc.model_path) {
+                (Some(model), None) if !ct.models.contains_key(model.as_str()) => {
+                    let hint = match did_you_mean(model.as_str(), &model_names) {
+                        Some(best) => format!("did you mean `{best}`?"),
+                        None if model_names.is_empty() => {
+                            "declare it under `models:` in this container, or give its folder as `model_path:`".to_string()
+                        }
+                        None => format!("declared models: {}", model_names.join(", ")),
+                    };
+                    self.err(
+                        model.pos,
+                        format!(
+                            "service `{name}` serves model `{}`, which is not declared",
+                            model.value
+                        ),
+                        hint,
+                    );
+                }
+                (Some(model), Some(_)) => self.err(
+                    model.pos,
+                    format!("service `{name}` sets both `model` and `model_path`"),
+                    "keep `model` for a model under `models:`, or `model_path` for a folder provision does not manage",
+                ),
+                (None, None) => self.err(
+                    svc.served_model_name.pos,
+                    format!("service `{name}` names no model"),
+                    "set `model:` (a name under `models:`) or `model_path:` (a folder on the container)",
+                ),
+                _ => {}
             }
             if ct.ml_env.is_none() {
                 self.err(
-                    svc.model.pos,
+                    svc.served_model_name.pos,
                     format!("service `{name}` needs an `ml_env:` to run from"),
                     "declare the Python environment with SGLang under `ml_env:`",
                 );
@@ -501,7 +604,9 @@ impl Validator<'_> {
                     "tp must be at least 1",
                     "tp is the number of GPUs one model instance spans",
                 );
-            } else if svc.tp.value as usize > gpu_count {
+            } else if svc.tp.value > 1 && svc.tp.value as usize > gpu_count {
+                // tp 1 runs on whatever the container sees: a CPU-only server, or GPUs
+                // passed through by something other than provision.
                 self.err(
                     svc.tp.pos,
                     format!(
@@ -524,7 +629,9 @@ impl Validator<'_> {
             let unit = unit_name(name, svc.unit.as_ref());
             if let Some(first) = units.insert(unit.clone(), name) {
                 self.err(
-                    svc.unit.as_ref().map_or(svc.model.pos, |u| u.pos),
+                    svc.unit
+                        .as_ref()
+                        .map_or(svc.served_model_name.pos, |u| u.pos),
                     format!("unit `{unit}` is used by services `{first}` and `{name}`"),
                     "give each service its own unit",
                 );
@@ -544,6 +651,7 @@ impl Validator<'_> {
                     "a fraction such as 0.85",
                 );
             }
+            self.directives(name, &svc.systemd);
             if let Some(spec) = &svc.speculative {
                 for (n, field) in [
                     (&spec.num_steps, "num_steps"),

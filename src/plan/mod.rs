@@ -110,6 +110,9 @@ pub struct Change {
     pub diff: Option<String>,
     /// Why the change is needed, in words (drift found, a dependency changed).
     pub reasons: Vec<String>,
+    /// What is worth knowing before applying it, though it does not stop the apply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The desired state apply will reach, fully rendered (secrets by reference only).
     pub spec: ResourceSpec,
 }

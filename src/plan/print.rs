@@ -93,6 +93,9 @@ fn render_change(out: &mut String, change: &Change, st: &Styles) {
     for reason in &change.reasons {
         *out += &format!("      {} {reason}\n", st.cyan.apply_to("#"));
     }
+    for warning in &change.warnings {
+        *out += &format!("      {} {warning}\n", st.yellow.apply_to("! warning:"));
+    }
     let width = change
         .attributes
         .iter()

@@ -10,7 +10,7 @@ use super::sglang;
 use crate::inventory::container::{Container, GpuMethod, GpuSelector, IpConfig};
 use crate::inventory::node::Node;
 use crate::inventory::secret::{SecretRef, resolve_local};
-use crate::inventory::service::Service;
+use crate::inventory::service::{Service, UnitDirectives};
 use crate::inventory::text::Name;
 use crate::inventory::validate::unit_name;
 
@@ -197,8 +197,12 @@ fn service_context(
     ml_env: &Option<Value>,
 ) -> Value {
     let unit = unit_name(name, svc.unit.as_ref());
-    let model = ct.models.get(svc.model.as_str());
-    let model_path = model.map(|m| m.path.to_string()).unwrap_or_default();
+    let model = svc.model.as_ref().and_then(|m| ct.models.get(m.as_str()));
+    let model_path = match (&svc.model_path, model) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(m)) => m.path.to_string(),
+        (None, None) => String::new(),
+    };
     let env_path = ct.ml_env.as_ref().map(|e| e.path.to_string());
     let python = ct.ml_env.as_ref().map_or("python3".to_string(), |e| {
         e.bin().join("python3").to_string()
@@ -278,7 +282,7 @@ fn service_context(
             format!(
                 "SGLang serving {} ({})",
                 svc.served_model_name.value,
-                model.map_or("?".into(), |m| m.repo.to_string())
+                model.map_or(model_path.clone(), |m| m.repo.to_string())
             )
         },
         |d| d.to_string(),
@@ -319,6 +323,10 @@ fn service_context(
             "poll_interval_ms": svc.readiness.poll_interval.millis(),
         },
         "model": model.map(|m| json!({"repo": m.repo.to_string(), "path": m.path.to_string()})),
+        "directives": directive_lines(&svc.systemd)
+            .into_iter()
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect::<Vec<_>>(),
         "preflight": ct.ml_env.as_ref().map(|env| json!({
             "unit": unit,
             "python": python,
@@ -334,4 +342,44 @@ fn service_context(
             "timeout_ms": 180_000,
         })),
     })
+}
+
+/// A service's extra directives as `(name, value)` lines, values as the unit file takes them
+/// (`ExecStartPre=` quoted word by word).
+pub fn directive_lines(d: &UnitDirectives) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut put = |name: &str, value: String| out.push((name.to_string(), value));
+    if let Some(v) = &d.limit_nofile {
+        put("LimitNOFILE", v.to_string());
+    }
+    if let Some(v) = &d.limit_memlock {
+        put("LimitMEMLOCK", v.to_string());
+    }
+    if let Some(v) = &d.nice {
+        put("Nice", v.value.to_string());
+    }
+    if let Some(v) = &d.oom_score_adjust {
+        put("OOMScoreAdjust", v.value.to_string());
+    }
+    if !d.cpu_affinity.is_empty() {
+        let cpus: Vec<String> = d.cpu_affinity.iter().map(|c| c.to_string()).collect();
+        put("CPUAffinity", cpus.join(" "));
+    }
+    for argv in &d.exec_start_pre {
+        let words: Vec<String> = argv
+            .iter()
+            .map(|w| super::systemd::quote_exec_word(w.as_str()))
+            .collect();
+        put("ExecStartPre", words.join(" "));
+    }
+    for (name, value) in &d.extra {
+        put(name.as_str(), value.to_string());
+    }
+    // `%` starts a specifier in every directive; the Exec lines are escaped word by word.
+    for (name, value) in &mut out {
+        if name != "ExecStartPre" {
+            *value = value.replace('%', "%%");
+        }
+    }
+    out
 }

@@ -100,6 +100,11 @@ pub trait Resource {
     fn probes(&self) -> Vec<Probe>;
     /// Compares with the answers; `None` when it already matches.
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead>;
+    /// Things worth knowing before applying a change of it that do not stop the apply
+    /// (an SGLang setting that works, but not as well as it could).
+    fn warnings(&self, _facts: &Facts) -> Vec<String> {
+        Vec::new()
+    }
     /// The steps that carry out `change` (a change of this resource), run on the target in
     /// order. An `Err` says what is not built yet; apply refuses the whole plan first.
     fn steps(&self, change: &Change) -> Result<Vec<Step>, String>;

@@ -4,12 +4,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
-use crate::agent::deploy::{Deploy, FallbackUnit, loaded_differences_of};
-use crate::agent::preflight::PreflightSpec;
+use crate::agent::deploy::{Deploy, FallbackUnit, loaded_argv, loaded_differences_of};
+use crate::agent::preflight::{PreflightSpec, release, release_rules};
 use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::engine::facts::{Facts, NotRead, Probe, UnitFact};
+use crate::health::process::value_digest;
 use crate::health::watch::WatchSpec;
 use crate::plan::{Action, Attribute, Change};
+use crate::render::systemd::{assignments, split_shown};
 
 /// A service's desired state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +66,73 @@ pub struct ReadinessSpec {
     pub poll_interval_ms: u64,
 }
 
+impl ServiceSpec {
+    fn readiness_probe(&self) -> Option<Probe> {
+        self.readiness.as_ref().map(|r| Probe::Readiness {
+            url: r.url.clone(),
+            served_model_name: r.served_model_name.clone(),
+        })
+    }
+
+    /// The probes the preflight's release rules need: the venv (SGLang's version) and the
+    /// model's `config.json` (its architecture).
+    fn rule_probes(&self) -> Option<(Probe, Probe)> {
+        self.preflight.as_ref().map(|p| {
+            (
+                Probe::Venv {
+                    path: p.venv.clone(),
+                },
+                Probe::Path {
+                    path: format!("{}/config.json", p.model_path.trim_end_matches('/')),
+                },
+            )
+        })
+    }
+
+    /// What the running main process shows that the loaded unit does not: drift between
+    /// what runs and what systemd (and so the inventory) says.
+    fn stale_process(&self, unit: &UnitFact) -> Vec<String> {
+        let Some(p) = &unit.process else {
+            return Vec::new();
+        };
+        let prop = |k: &str| unit.properties.get(k).cloned().unwrap_or_default();
+        let mut why = Vec::new();
+        if let Some(loaded) = loaded_argv(&prop("ExecStart")) {
+            // systemd shows the words joined by blanks with `$$` still escaped; the
+            // process got them with `$$` made `$`.
+            let loaded = loaded.replace("$$", "$");
+            let running = p.argv.join(" ");
+            if loaded != running {
+                why.push(format!(
+                    "the running process (PID {}) was started as `{running}`, not as the unit's `{loaded}`",
+                    p.pid
+                ));
+            }
+        }
+        for (name, value) in assignments(&split_shown(&prop("Environment"))) {
+            match p.environment.get(&name) {
+                Some(d) if *d == value_digest(&value) => {}
+                Some(_) => why.push(format!(
+                    "the running process (PID {}) has {name} set to another value than the unit's",
+                    p.pid
+                )),
+                None => why.push(format!(
+                    "the running process (PID {}) lacks {name}={value}",
+                    p.pid
+                )),
+            }
+        }
+        if p.started_before_unit_change {
+            why.push(format!(
+                "the running process (PID {}) started before {} last changed",
+                p.pid,
+                prop("FragmentPath")
+            ));
+        }
+        why
+    }
+}
+
 impl Resource for ServiceSpec {
     fn kind(&self) -> &'static str {
         "service"
@@ -74,9 +143,14 @@ impl Resource for ServiceSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Unit {
+        let mut probes = vec![Probe::Unit {
             name: self.unit.clone(),
-        }]
+        }];
+        probes.extend(self.readiness_probe());
+        if let Some((venv, config)) = self.rule_probes() {
+            probes.extend([venv, config]);
+        }
+        probes
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -100,7 +174,8 @@ impl Resource for ServiceSpec {
             (Some(a), Some(s)) => Some(format!("{a} ({s})")),
             _ => None,
         };
-        if state.as_deref() != Some("active (running)") {
+        let running = state.as_deref() == Some("active (running)");
+        if !running {
             d = d.attr(Attribute::change(
                 "state",
                 state,
@@ -129,12 +204,51 @@ impl Resource for ServiceSpec {
                     Some("reloaded and restarted".into()),
                 ));
             }
+            let stale = self.stale_process(u);
+            if !stale.is_empty() {
+                for why in stale {
+                    d = d.reason(why);
+                }
+                d = d.attr(Attribute::change(
+                    "running process",
+                    Some("not what the unit says".into()),
+                    Some("restarted".into()),
+                ));
+            }
+            // A crash loop looks `active (running)` between crashes (`systemctl
+            // is-active` says active); systemd's restart count does not.
+            let restarts: u32 = prop("NRestarts").and_then(|n| n.parse().ok()).unwrap_or(0);
+            if restarts > 0 {
+                d = d
+                    .reason(format!(
+                        "{} crashed: systemd restarted it {restarts} time(s) since it was started (result `{}`, last exit status {})",
+                        self.unit,
+                        prop("Result").unwrap_or_default(),
+                        prop("ExecMainStatus").unwrap_or_default()
+                    ))
+                    .attr(Attribute::change(
+                        "restarts",
+                        Some(restarts.to_string()),
+                        Some("0".into()),
+                    ));
+            }
+        }
+        if running
+            && let (Some(r), Some(probe)) = (&self.readiness, self.readiness_probe())
+            && let Some(answer) = facts.readiness(&probe)?
+            && !answer.listed
+        {
+            d = d.attr(Attribute::change(
+                "readiness",
+                Some(format!("not ready ({})", answer.describe())),
+                Some(format!("{} lists `{}`", r.url, r.served_model_name)),
+            ));
         }
         if let Some(r) = &self.readiness
             && !d.attributes.is_empty()
         {
             d = d.reason(format!(
-                "after starting: wait until {} lists `{}` (deadline {}s, a hang is called after {}s without log progress)",
+                "after starting: wait until {} lists `{}` (deadline {}s, a hang is called after {}s without progress: no log line, output, reads, CPU or GPU memory growth)",
                 r.url,
                 r.served_model_name,
                 r.deadline_ms / 1000,
@@ -142,6 +256,31 @@ impl Resource for ServiceSpec {
             ));
         }
         Ok((!d.attributes.is_empty()).then_some(d))
+    }
+
+    fn warnings(&self, facts: &Facts) -> Vec<String> {
+        let (Some(spec), Some((venv, config))) = (&self.preflight, self.rule_probes()) else {
+            return Vec::new();
+        };
+        let version = facts
+            .venv(&venv)
+            .ok()
+            .flatten()
+            .and_then(|v| v.packages.get("sglang"))
+            .and_then(|v| release(v));
+        let arch = facts
+            .path(&config)
+            .ok()
+            .flatten()
+            .and_then(|p| p.content.as_deref())
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+            .and_then(|v| v["architectures"][0].as_str().map(str::to_string));
+        let (errors, warnings) = release_rules(spec, version, arch.as_deref());
+        errors
+            .into_iter()
+            .map(|e| format!("the preflight will refuse this: {e}"))
+            .chain(warnings)
+            .collect()
     }
 
     fn steps(&self, change: &Change) -> Result<Vec<Step>, String> {
@@ -168,5 +307,113 @@ impl Resource for ServiceSpec {
             rollback: true,
             fallbacks: self.fallbacks.clone(),
         })])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::engine::facts::Fact;
+    use crate::health::process::ProcessFact;
+
+    fn spec(exec_start: &[&str]) -> ServiceSpec {
+        ServiceSpec {
+            unit: "my.service".into(),
+            unit_path: "/etc/systemd/system/my.service".into(),
+            exec_start: exec_start.iter().map(|s| s.to_string()).collect(),
+            environment: vec!["A=two words".into()],
+            enabled: true,
+            depends_on: Vec::new(),
+            readiness: None,
+            preflight: None,
+            fallbacks: Vec::new(),
+        }
+    }
+
+    /// What `systemctl show` and `/proc` say about a healthy unit running `/bin/server --x "two words"`.
+    fn healthy() -> UnitFact {
+        let props: BTreeMap<String, String> = [
+            ("LoadState", "loaded"),
+            ("ActiveState", "active"),
+            ("SubState", "running"),
+            ("UnitFileState", "enabled"),
+            ("FragmentPath", "/etc/systemd/system/my.service"),
+            ("NeedDaemonReload", "no"),
+            ("NRestarts", "0"),
+            (
+                "ExecStart",
+                "{ path=/bin/server ; argv[]=/bin/server --x two words ; ignore_errors=no }",
+            ),
+            ("Environment", "\"A=two words\""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        UnitFact {
+            properties: props,
+            process: Some(ProcessFact {
+                pid: 42,
+                argv: vec!["/bin/server".into(), "--x".into(), "two words".into()],
+                environment: [("A".to_string(), value_digest("two words"))].into(),
+                started_before_unit_change: false,
+            }),
+        }
+    }
+
+    fn facts(s: &ServiceSpec, unit: UnitFact) -> Facts {
+        let mut map = HashMap::new();
+        map.insert(s.probes()[0].clone(), Fact::Unit(Some(unit)));
+        Facts::Read(map)
+    }
+
+    #[test]
+    fn a_custom_role_need_not_repeat_exec_start() {
+        let s = spec(&[]);
+        assert_eq!(s.diff(&facts(&s, healthy())).unwrap(), None);
+        let s = spec(&["/bin/server", "--x", "two words"]);
+        assert_eq!(s.diff(&facts(&s, healthy())).unwrap(), None);
+        let s = spec(&["/bin/server", "--y"]);
+        let d = s.diff(&facts(&s, healthy())).unwrap().unwrap();
+        assert!(d.reasons[0].contains("loaded ExecStart"), "{d:?}");
+    }
+
+    #[test]
+    fn what_runs_is_compared_with_what_is_loaded() {
+        let s = spec(&[]);
+        let mut stale = healthy();
+        stale
+            .properties
+            .insert("Environment".into(), "\"A=two words\" B=1".into());
+        let d = s.diff(&facts(&s, stale)).unwrap().unwrap();
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r == "the running process (PID 42) lacks B=1"),
+            "{d:?}"
+        );
+        let mut old = healthy();
+        old.process.as_mut().unwrap().started_before_unit_change = true;
+        let d = s.diff(&facts(&s, old)).unwrap().unwrap();
+        assert!(d.reasons[0].contains("started before"), "{d:?}");
+        let mut other = healthy();
+        other.process.as_mut().unwrap().argv = vec!["/bin/server".into()];
+        assert!(s.diff(&facts(&s, other)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_crash_loop_between_two_crashes_is_drift() {
+        let s = spec(&[]);
+        let mut looping = healthy();
+        looping.properties.insert("NRestarts".into(), "1".into());
+        looping
+            .properties
+            .insert("Result".into(), "exit-code".into());
+        let d = s.diff(&facts(&s, looping)).unwrap().unwrap();
+        assert!(
+            d.reasons[0].starts_with("my.service crashed: systemd restarted it 1 time(s)"),
+            "{d:?}"
+        );
     }
 }
