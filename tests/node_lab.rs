@@ -399,9 +399,9 @@ fn gpu_root(g: &Guest) -> String {
 }
 
 /// The passthrough lines the inventory's `gpu-passthrough` role renders from `gpus`.
-fn rendered_lines(g: &Guest, gpus: &NodeGpus) -> Vec<(String, String)> {
+fn rendered_lines(g: &Guest, gpus: &NodeGpus, method: &str) -> Vec<(String, String)> {
     let path = g.inventory(&format!(
-        "        gpus:\n          devices: [{GPU1}]\n          method: lxc\n        roles: [gpu-passthrough]\n"
+        "        gpus:\n          devices: [{GPU1}]\n          method: {method}\n        roles: [gpu-passthrough]\n"
     ));
     let loaded = provision::inventory::load(&path).unwrap();
     let library = Library::load(&loaded).unwrap();
@@ -447,7 +447,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     let gpu = f.gpu(&GpuSelector::Uuid(GPU1.into())).unwrap();
     assert_eq!((gpu.info.index, gpu.minor), (1, Some(1)));
 
-    let wanted = rendered_lines(&g, &gpus);
+    let wanted = rendered_lines(&g, &gpus, "lxc");
     let text: Vec<String> = wanted.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     assert!(
         text.contains(&"lxc.cgroup2.devices.allow: c 238:* rwm".to_string()),
@@ -529,7 +529,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         drift[0].contains("c 238:* rwm") && drift[0].contains("nvidia-uvm 511"),
         "{drift:?}"
     );
-    let wanted = rendered_lines(&g, &moved);
+    let wanted = rendered_lines(&g, &moved, "lxc");
     assert!(spec(&wanted).diff(&facts(&now)).unwrap().is_some());
     let edit = moved.edit(&wanted, &now.main().pairs());
     assert_eq!(
@@ -594,4 +594,54 @@ fn plan_refuses_a_gpu_the_node_does_not_have() {
         stderr.contains("hint: select GPUs by the index or UUID"),
         "{stderr}"
     );
+}
+
+#[test]
+fn gpu_dev_entries_go_through_pct_set_and_reach_the_container() {
+    let g = Guest::new("node-gpu-dev");
+    let node = node_ssh(&g);
+    // The lab's own stand-ins, unchanged here: `devN` shows them at the same path inside,
+    // and the container's /tmp is its own tmpfs, so a copy there would be hidden.
+    let root = g.lab.vars["LAB_GPU_ROOT"].clone();
+    let gpus = node_gpu::read(node.as_ref(), &root).unwrap();
+    let wanted = rendered_lines(&g, &gpus, "dev");
+    let keys: Vec<&str> = wanted.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["dev0", "dev1", "dev2", "dev3"], "{wanted:?}");
+    assert_eq!(wanted[0].1, format!("{root}/dev/nvidia1"));
+    let file = config_file(&g);
+    let found = config_edit::read(node.as_ref(), &file)
+        .unwrap()
+        .main()
+        .pairs();
+    let edit = gpus.edit(&wanted, &found);
+    assert_eq!(edit.set, wanted);
+    let after = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
+    let pending = config_edit::pending_section(&after.text);
+    for (k, v) in &wanted {
+        assert_eq!(
+            after.main().get(k).or(pending.get(k)),
+            Some(v.as_str()),
+            "{}",
+            after.text
+        );
+    }
+    restart(&g, node.as_ref());
+    // `devN` binds the node at its own path and allows exactly it in the cgroup.
+    assert_eq!(
+        g.sh(&format!(
+            "stat -c '%Hr:%Lr' {root}/dev/nvidia1 {root}/dev/nvidia-uvm"
+        )),
+        "195:1\n238:0\n"
+    );
+    let e = open_error(&g, &format!("{root}/dev/nvidia1"));
+    assert!(e.contains("No such device or address"), "{e}");
+    assert_eq!(
+        g.sh(&format!("ls {root}/dev | grep -c '^nvidia0$' || true"))
+            .trim(),
+        "0"
+    );
+    // Selecting no GPU any more removes the entries passthrough owns.
+    let now = config_edit::read(node.as_ref(), &file).unwrap();
+    let edit = gpus.edit(&[], &now.main().pairs());
+    assert_eq!(edit.delete, ["dev0", "dev1", "dev2", "dev3"]);
 }
