@@ -94,6 +94,19 @@ fn commands_files_and_the_agent_go_through_the_node() {
     let ct = NodeTransport::new(node.clone(), g.ct.vmid);
     // Inside the container: its own hostname, stdin reaches the command, exit codes pass.
     assert_eq!(sh(&ct, "hostname").trim(), format!("ct{}", g.ct.vmid));
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        sh(&ct, "true");
+    }
+    let through_pct = started.elapsed() / 10;
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        sh(node.as_ref(), "true");
+    }
+    eprintln!(
+        "measured: one command through pct exec over node SSH: {through_pct:?}; on the node itself: {:?}",
+        started.elapsed() / 10
+    );
     let out = ct.exec("cat; exit 7", b"fed through pct", T).unwrap();
     assert_eq!(out.status, Some(7));
     assert_eq!(out.stdout_text(), "fed through pct");
@@ -182,7 +195,12 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
     assert!(before.host_keys.is_empty(), "purge removes the host keys");
     assert_eq!(before.actions().len(), 3, "{:?}", before.actions());
 
+    let started = std::time::Instant::now();
     let report = bootstrap::run(&ct, &spec).unwrap();
+    eprintln!(
+        "measured: bootstrap (apt install of openssh-server from the mirror, key, start): {:?}",
+        started.elapsed()
+    );
     assert_eq!(report.done.len(), 3, "{:?}", report.done);
     assert!(
         report.host_keys.iter().any(|k| k.key_type == "ssh-ed25519"),
@@ -480,7 +498,12 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     };
     let before = config_edit::read(node.as_ref(), &file).unwrap();
     assert!(spec(&wanted).diff(&facts(&before)).unwrap().is_some());
-    let after = config_edit::apply(node.as_ref(), &file, &gpus.edit(&wanted, &found)).unwrap();
+    assert!(!gpus.edit(&wanted, &found).is_empty());
+    let owns = |k: &str, v: &str| gpus.owns(k, v);
+    let after = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
+    // Converged: a second run reads and writes nothing.
+    let again = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
+    assert_eq!(again.digest, after.digest);
     assert!(
         spec(&wanted).diff(&facts(&after)).unwrap().is_none(),
         "{}",

@@ -161,6 +161,38 @@ pub struct ConfigEdit {
 }
 
 impl ConfigEdit {
+    /// The edit from `found` (a config's current lines) to `wanted`: wanted lines added
+    /// (options set), and lines `owns` claims but `wanted` lacks removed (options deleted).
+    /// Lines nobody claims are the user's and stay.
+    pub fn toward(
+        wanted: &[(String, String)],
+        found: &[(String, String)],
+        owns: &dyn Fn(&str, &str) -> bool,
+    ) -> ConfigEdit {
+        let mut edit = ConfigEdit::default();
+        for (k, v) in wanted {
+            if found.iter().any(|(fk, fv)| fk == k && fv == v) {
+                continue;
+            }
+            if k.starts_with("lxc.") {
+                edit.add_lxc.push((k.clone(), v.clone()));
+            } else {
+                edit.set.push((k.clone(), v.clone()));
+            }
+        }
+        for (k, v) in found {
+            if wanted.iter().any(|(wk, wv)| wk == k && wv == v) || !owns(k, v) {
+                continue;
+            }
+            if k.starts_with("lxc.") {
+                edit.remove_lxc.push((k.clone(), v.clone()));
+            } else if !wanted.iter().any(|(wk, _)| wk == k) {
+                edit.delete.push(k.clone());
+            }
+        }
+        edit
+    }
+
     /// Whether it changes nothing.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty()
@@ -382,6 +414,22 @@ pub fn apply(
         now = write(node, file, &now, &lines)?;
     }
     Ok(now)
+}
+
+/// Brings the config's current lines to `wanted` (see [`ConfigEdit::toward`]) as a node
+/// step; nothing is written when they already match. Returns the config as it is after.
+pub fn converge(
+    node: &dyn Transport,
+    file: &ConfigFile,
+    wanted: &[(String, String)],
+    owns: &dyn Fn(&str, &str) -> bool,
+) -> Result<RawConfig, NodeError> {
+    let now = read(node, file)?;
+    let edit = ConfigEdit::toward(wanted, &now.main().pairs(), owns);
+    if edit.is_empty() {
+        return Ok(now);
+    }
+    apply(node, file, &edit)
 }
 
 /// The `[pve:pending]` section's options.

@@ -228,30 +228,7 @@ impl NodeGpus {
     /// The edit from `found` (the config's current lines) to `wanted` (rendered, at the
     /// root): wanted lines added, passthrough's own lines not wanted removed.
     pub fn edit(&self, wanted: &[(String, String)], found: &[(String, String)]) -> ConfigEdit {
-        let mut edit = ConfigEdit::default();
-        for (k, v) in wanted {
-            let present = found.iter().any(|(fk, fv)| fk == k && fv == v);
-            if present {
-                continue;
-            }
-            if k.starts_with("lxc.") {
-                edit.add_lxc.push((k.clone(), v.clone()));
-            } else {
-                edit.set.push((k.clone(), v.clone()));
-            }
-        }
-        for (k, v) in found {
-            let wanted_here = wanted.iter().any(|(wk, wv)| wk == k && wv == v);
-            if wanted_here || !self.owns(k, v) {
-                continue;
-            }
-            if k.starts_with("lxc.") {
-                edit.remove_lxc.push((k.clone(), v.clone()));
-            } else if !wanted.iter().any(|(wk, _)| wk == k) {
-                edit.delete.push(k.clone());
-            }
-        }
-        edit
+        ConfigEdit::toward(wanted, found, &|k, v| self.owns(k, v))
     }
 }
 
