@@ -19,7 +19,7 @@ use provision::engine::desired::{Library, desired_state};
 use provision::engine::facts::{Fact, Facts, Probe};
 use provision::inventory::container::GpuSelector;
 use provision::node::NodeError;
-use provision::node::bootstrap::{self, BootstrapSpec, HostKeyTrust};
+use provision::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};
 use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
 use provision::node::gpu::{self as node_gpu, NodeGpus};
 use provision::resources::pve_lines::PveLinesSpec;
@@ -195,8 +195,16 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
     assert!(before.host_keys.is_empty(), "purge removes the host keys");
     assert_eq!(before.actions().len(), 3, "{:?}", before.actions());
 
+    // The keys come through the pinned node, so the first guest connection is strict.
+    let known = g.dir.path().join("guest_known_hosts");
+    let ip = g.ct.ip.to_string();
+    let entry = GuestEntry {
+        known_hosts: &known,
+        host: &ip,
+        port: 22,
+    };
     let started = std::time::Instant::now();
-    let report = bootstrap::run(&ct, &spec).unwrap();
+    let report = bootstrap::hand_over(&ct, &spec, entry, HostKeyTrust::Recreated).unwrap();
     eprintln!(
         "measured: bootstrap (apt install of openssh-server from the mirror, key, start): {:?}",
         started.elapsed()
@@ -217,20 +225,18 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
         "openssh-server comes from the lab mirror"
     );
     assert!(bootstrap::read(&ct, &spec).unwrap().actions().is_empty());
-
-    // The keys came through the pinned node, so the first guest connection is strict.
-    let known = g.dir.path().join("guest_known_hosts");
-    let ip = g.ct.ip.to_string();
-    let n = bootstrap::record_host_keys(
+    let text = std::fs::read_to_string(&known).unwrap();
+    assert_eq!(text.lines().count(), report.host_keys.len(), "{text}");
+    // The same keys again (a later run on the existing container): nothing to write.
+    let again = bootstrap::record_host_keys(
         &known,
         &ip,
         22,
         g.ct.vmid.into(),
         &report.host_keys,
-        HostKeyTrust::Recreated,
-    )
-    .unwrap();
-    assert_eq!(n, report.host_keys.len());
+        HostKeyTrust::Existing,
+    );
+    assert_eq!(again.unwrap(), 0);
     let guest = guest_ssh(&g, &known).expect("strict SSH after bootstrap");
     assert_eq!(sh(&guest, "hostname").trim(), format!("ct{}", g.ct.vmid));
     drop(guest);

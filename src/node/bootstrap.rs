@@ -261,6 +261,37 @@ pub fn run(ct: &NodeTransport, spec: &BootstrapSpec) -> Result<BootstrapReport, 
     })
 }
 
+/// Where the guest is reached by SSH once bootstrap is done.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestEntry<'a> {
+    /// The `known_hosts` file the guest connection checks.
+    pub known_hosts: &'a Path,
+    /// The guest's address.
+    pub host: &'a str,
+    /// Its SSH port.
+    pub port: u16,
+}
+
+/// The whole hand-over from the node to SSH: bootstrap the container through the node,
+/// then record its host keys for `guest` (see [`HostKeyTrust`]).
+pub fn hand_over(
+    ct: &NodeTransport,
+    spec: &BootstrapSpec,
+    guest: GuestEntry<'_>,
+    trust: HostKeyTrust,
+) -> Result<BootstrapReport, NodeError> {
+    let report = run(ct, spec)?;
+    record_host_keys(
+        guest.known_hosts,
+        guest.host,
+        guest.port,
+        ct.vmid().into(),
+        &report.host_keys,
+        trust,
+    )?;
+    Ok(report)
+}
+
 /// Whether the container's keys may replace those on file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostKeyTrust {
