@@ -3,24 +3,14 @@
 //! transport against a copy of the machine's /proc and /dev (device nodes made with mknod,
 //! which needs root, as CI runs) with a stand-in nvidia-smi that prints the captured text.
 
-use std::path::Path;
-use std::process::Command;
+#[path = "support/gpunode.rs"]
+mod gpunode;
 
+use gpunode::{fake_node, fake_smi, fixture};
 use provision::gpu::facts::{self, FactSources};
 use provision::gpu::probe::{Section, parse_sections};
 use provision::inventory::container::GpuSelector;
 use provision::transport::local::LocalTransport;
-
-/// The checkout, read when the test runs (cargo sets it), so a test binary shared between
-/// checkouts through one target folder still reads this checkout's fixtures.
-fn manifest_dir() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
-}
-
-fn fixture(path: &str) -> String {
-    let full = format!("{}/tests/fixtures/gpu/{path}", manifest_dir());
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("cannot read {full}: {e}"))
-}
 
 const UUID1: &str = "GPU-bd921741-4472-2f2e-9847-d8171173854c";
 
@@ -130,70 +120,12 @@ fn a_gpu_without_a_proc_entry_has_no_known_node() {
     assert!(messages(&f).contains("vfio-pci"));
 }
 
-/// A copy of the H200 machine's /proc and /dev under `root`, with real character devices.
-fn fake_node(root: &Path) {
-    let w = |rel: &str, text: &str| {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    };
-    w(
-        "proc/driver/nvidia/version",
-        &fixture("h200x2/proc-driver-version.txt"),
-    );
-    w("proc/devices", &fixture("h200x2/proc-devices.txt"));
-    let info = fixture("h200x2/proc-gpus.txt");
-    let lines: Vec<&str> = info.lines().collect();
-    w(
-        "proc/driver/nvidia/gpus/0000:00:06.0/information",
-        &(lines[..12].join("\n") + "\n"),
-    );
-    w(
-        "proc/driver/nvidia/gpus/0000:00:07.0/information",
-        &(lines[12..].join("\n") + "\n"),
-    );
-    std::fs::create_dir_all(root.join("dev/nvidia-caps")).unwrap();
-    for line in fixture("h200x2/dev-stat.txt").lines() {
-        let parts: Vec<&str> = line.split('|').collect();
-        if parts[0] != "character special file" {
-            continue;
-        }
-        let major = u32::from_str_radix(parts[1], 16).unwrap().to_string();
-        let minor = u32::from_str_radix(parts[2], 16).unwrap().to_string();
-        let path = root.join(parts[3].trim_start_matches('/'));
-        let status = Command::new("mknod")
-            .arg(&path)
-            .args(["c", &major, &minor])
-            .status()
-            .expect("mknod runs");
-        assert!(
-            status.success(),
-            "mknod {} failed: these tests need root (CI runs them as root)",
-            path.display()
-        );
-    }
-}
-
-/// A folder with an `nvidia-smi` that prints the captured query output.
-fn fake_bin(dir: &Path) -> String {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let query = format!("{}/tests/fixtures/gpu/h200x2/query-gpu.txt", manifest_dir());
-    let script = format!(
-        "#!/bin/sh\ncase \"$*\" in\n  --query-gpu=index,uuid,name,memory.total,pci.bus_id\\ --format=csv,noheader) cat '{query}' ;;\n  *) echo \"unexpected arguments: $*\" >&2; exit 2 ;;\nesac\n"
-    );
-    let path = bin.join("nvidia-smi");
-    std::fs::write(&path, script).unwrap();
-    Command::new("chmod").arg("+x").arg(&path).status().unwrap();
-    format!("{}:/usr/bin:/bin", bin.display())
-}
-
 #[test]
 fn gathers_through_the_local_transport_from_a_node_copy() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("node root");
-    fake_node(&root);
-    let path = fake_bin(tmp.path());
+    fake_node(&root, "h200x2");
+    let path = fake_smi(tmp.path(), "h200x2");
     let transport = LocalTransport::with_env(vec![("PATH".into(), path)]);
     let sources = FactSources {
         root: root.display().to_string(),

@@ -1,4 +1,5 @@
-//! `provision gpu facts|check|nccl`: GPU facts, guest checks and the NCCL preflight, run on
+//! `provision gpu facts|check|nccl|passthrough`: GPU facts, guest checks, the NCCL preflight
+//! and the container lines that pass GPUs through, run on
 //! this machine through the local transport (the reconciler runs the same library calls over
 //! SSH on the node and in the guest).
 
@@ -10,9 +11,10 @@ use crate::diagnostic::Diagnostic;
 use crate::gpu::checks::{CudaExpectation, TorchExpectation};
 use crate::gpu::nccl::{self, DetectedBy, NcclOptions, NcclOutcome, NcclRun, RankState, Simulate};
 use crate::gpu::{self, CheckStatus, FactSources, GuestExpectations, NodeFacts};
-use crate::inventory::container::GpuSelector;
+use crate::inventory::container::{GpuMethod, GpuSelector};
 use crate::inventory::units::{Size, TimeSpan};
 use crate::printer::Printer;
+use crate::render::Renderer;
 use crate::transport::local::LocalTransport;
 
 /// Arguments of `provision gpu`.
@@ -32,6 +34,22 @@ enum GpuCommand {
     /// NCCL preflight: an all-reduce across the GPUs, one process each, with a deadline (exit
     /// 0 healthy, 1 hung or failed).
     Nccl(NcclArgs),
+    /// The container config lines that pass GPUs through, from this node's live facts
+    /// (exit 0 printed, 1 the node cannot pass them).
+    Passthrough(PassthroughArgs),
+}
+
+#[derive(Debug, Args)]
+struct PassthroughArgs {
+    /// The node's GPUs to pass: indices as nvidia-smi numbers them, or UUIDs (comma-separated).
+    #[arg(long, required = true, value_delimiter = ',', value_parser = gpu::parse_gpu_selector)]
+    gpus: Vec<GpuSelector>,
+    /// `dev`: Proxmox devN entries (PVE 8.1+); `lxc`: cgroup allow lines with the node's
+    /// majors and mount entries (any LXC).
+    #[arg(long, default_value = "dev", value_parser = parse_method)]
+    method: GpuMethod,
+    #[command(flatten)]
+    capture: Capture,
 }
 
 #[derive(Debug, Args)]
@@ -144,6 +162,16 @@ fn parse_release(s: &str) -> Result<String, String> {
     }
 }
 
+fn parse_method(s: &str) -> Result<GpuMethod, String> {
+    match s {
+        "dev" => Ok(GpuMethod::Dev),
+        "lxc" => Ok(GpuMethod::Lxc),
+        _ => Err(format!(
+            "`{s}` is not a passthrough method; use `dev` or `lxc`"
+        )),
+    }
+}
+
 fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -164,6 +192,36 @@ pub fn run(args: &GpuArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         GpuCommand::Facts(a) => facts(a, &transport, printer),
         GpuCommand::Check(a) => check(a, &transport, printer),
         GpuCommand::Nccl(a) => nccl(a, &transport, printer),
+        GpuCommand::Passthrough(a) => passthrough(a, &transport, printer),
+    }
+}
+
+fn passthrough(
+    args: &PassthroughArgs,
+    transport: &LocalTransport,
+    printer: &Printer,
+) -> anyhow::Result<ExitStatus> {
+    let sources = FactSources {
+        root: args.capture.root.clone(),
+    };
+    let (facts, raw) = gpu::facts::gather_node_facts_raw(transport, &sources)?;
+    save_raw(args.capture.save_raw.as_deref(), &raw)?;
+    let renderer = Renderer::new(None)?;
+    match gpu::passthrough_lines(&facts, &args.gpus, args.method, &renderer) {
+        Ok(lines) => {
+            printer.result(&lines);
+            Ok(ExitStatus::Success)
+        }
+        Err(e) => {
+            // The node's own problems usually explain a refusal (no driver, no nodes).
+            let d = facts
+                .problems
+                .iter()
+                .fold(Diagnostic::new(e.to_string()), |d, p| {
+                    d.cause(format!("{} ({})", p.message, p.hint))
+                });
+            Err(d.hint(e.hint()).into())
+        }
     }
 }
 

@@ -20,13 +20,24 @@ pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
 /// What the node says about its GPUs, when it has been read (not in an offline plan).
 #[derive(Debug, Clone, Default)]
 pub struct NodeGpuView {
+    /// Major number of `nvidia` (the GPU and control nodes) from `/proc/devices`; 195 on
+    /// every driver so far, but read like the others rather than trusted.
+    pub nvidia_major: Option<u32>,
     /// Major number of `nvidia-uvm` from `/proc/devices` (dynamic, unlike nvidia's 195).
     pub nvidia_uvm_major: Option<u32>,
     /// Device minor (`/dev/nvidiaN`) by GPU UUID.
     pub minor_by_uuid: BTreeMap<String, u32>,
     /// Device minor by `nvidia-smi` index.
     pub minor_by_index: BTreeMap<u32, u32>,
+    /// The `/dev/nvidia*` nodes that exist on the node; empty when not read. The shared
+    /// nodes (`nvidiactl`, `nvidia-uvm`, …) are passed only where they exist: Proxmox
+    /// refuses to start a container whose `devN` names a missing node.
+    pub device_nodes: Vec<String>,
 }
+
+/// The major the NVIDIA driver registers its GPU and control nodes under; offline plans
+/// assume it (and say so), read plans take the node's `/proc/devices`.
+pub const NVIDIA_MAJOR: u32 = 195;
 
 /// Placeholder for a value only the node can tell.
 fn unknown(what: &str) -> String {
@@ -142,18 +153,26 @@ pub fn container_context(
         },
         "cuda": cuda,
         "ml_env": ml_env,
-        "gpus": ct.gpus.as_ref().map(|g| gpus_context(g, gpu_view)),
+        "gpus": ct.gpus.as_ref().map(|g| {
+            let devices: Vec<GpuSelector> = g.devices.iter().map(|d| d.value.clone()).collect();
+            gpus_context(&devices, g.method.value, gpu_view)
+        }),
         "models": models,
         "services": services,
     })
 }
 
-fn gpus_context(g: &crate::inventory::container::Gpus, view: Option<&NodeGpuView>) -> Value {
-    let mut nodes: Vec<String> = g
-        .devices
+/// The `gpus` value templates see: the selected GPUs' device nodes and the majors, from the
+/// node's facts when `view` has them (the lines `lxc-gpu-passthrough.conf.hbs` renders).
+pub fn gpus_context(
+    devices: &[GpuSelector],
+    method: GpuMethod,
+    view: Option<&NodeGpuView>,
+) -> Value {
+    let mut nodes: Vec<String> = devices
         .iter()
         .map(|d| {
-            let minor = match &d.value {
+            let minor = match d {
                 // Offline, an index is taken as its device minor, which holds on nodes
                 // where nvidia-smi's PCI order matches the driver's; the node's facts
                 // replace it when read.
@@ -165,7 +184,7 @@ fn gpus_context(g: &crate::inventory::container::Gpus, view: Option<&NodeGpuView
             };
             match minor {
                 Some(m) => format!("/dev/nvidia{m}"),
-                None => format!("/dev/nvidia{}", unknown(&format!("minor of {}", d.value))),
+                None => format!("/dev/nvidia{}", unknown(&format!("minor of {d}"))),
             }
         })
         .collect();
@@ -175,17 +194,22 @@ fn gpus_context(g: &crate::inventory::container::Gpus, view: Option<&NodeGpuView
         "/dev/nvidia-uvm-tools",
         "/dev/nvidia-modeset",
     ] {
-        nodes.push(extra.to_string());
+        let present = view
+            .is_none_or(|v| v.device_nodes.is_empty() || v.device_nodes.iter().any(|n| n == extra));
+        if present {
+            nodes.push(extra.to_string());
+        }
     }
+    let nvidia = view.and_then(|v| v.nvidia_major).unwrap_or(NVIDIA_MAJOR);
     let uvm = view
         .and_then(|v| v.nvidia_uvm_major)
         .map_or_else(|| unknown("nvidia-uvm major"), |m| m.to_string());
     json!({
-        "method": match g.method.value { GpuMethod::Dev => "dev", GpuMethod::Lxc => "lxc" },
-        "count": g.devices.len(),
-        "selected": g.devices.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "method": match method { GpuMethod::Dev => "dev", GpuMethod::Lxc => "lxc" },
+        "count": devices.len(),
+        "selected": devices.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
         "device_nodes": nodes,
-        "majors": { "nvidia": 195, "nvidia_uvm": uvm },
+        "majors": { "nvidia": nvidia, "nvidia_uvm": uvm },
     })
 }
 
