@@ -616,7 +616,7 @@ fn plan_refuses_a_gpu_the_node_does_not_have() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("inventory.yaml:"), "{stderr}");
     assert!(
-        stderr.contains("container `t`: GPU 5 not on the node (it has: 0 GPU-4a0f4724-ce2e-401e-401a-c916ec5586e7, 1 GPU-bd921741-4472-2f2e-9847-d8171173854c)"),
+        stderr.contains("container `t`: the node has no GPU 5 (it has 0 GPU-4a0f4724-ce2e-401e-401a-c916ec5586e7, 1 GPU-bd921741-4472-2f2e-9847-d8171173854c)"),
         "{stderr}"
     );
     assert!(

@@ -8,6 +8,7 @@ use super::ssh::node_transport;
 use super::targets::TargetArgs;
 use crate::diagnostic::Diagnostics;
 use crate::engine::desired::desired_state;
+use crate::gpu::passthrough_lines;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
 use crate::plan::Target;
@@ -46,13 +47,21 @@ pub fn with_live_gpus(
         let transport = node_transport(loaded, node_name.as_str(), targets)?;
         let gpus = node_gpu::read(transport.as_ref(), &root)?;
         for (name, g) in with_gpus {
+            // The lines themselves come from the role below; this refuses, at the
+            // inventory's line, what they cannot be made from (a GPU the node lacks, a
+            // missing major, a stale node).
             let selectors: Vec<GpuSelector> = g.devices.iter().map(|d| d.value.clone()).collect();
-            if let Some(why) = gpus.missing(&selectors) {
+            if let Err(e) = passthrough_lines(
+                &gpus.facts,
+                &selectors,
+                g.method.value,
+                &prepared.library.renderer,
+            ) {
                 let pos = g.devices.first().map(|d| d.pos).unwrap_or_default();
                 return Err(Diagnostics(vec![
-                    loaded.diag(pos, format!("container `{name}`: {why}")).hint(
-                        "select GPUs by the index or UUID `provision gpu facts` prints on the node",
-                    ),
+                    loaded
+                        .diag(pos, format!("container `{name}`: {e}"))
+                        .hint(e.hint()),
                 ])
                 .into());
             }

@@ -10,7 +10,6 @@ use super::NodeError;
 use super::config_edit::ConfigEdit;
 use crate::gpu::facts::{FactSources, NodeFacts, gather_node_facts_raw};
 use crate::gpu::probe::parse_sections;
-use crate::inventory::container::GpuSelector;
 use crate::render::context::NodeGpuView;
 use crate::resources::pve_lines::PveLinesSpec;
 use crate::transport::Transport;
@@ -113,23 +112,12 @@ impl NodeGpus {
         })
     }
 
-    /// Rendered passthrough lines as this node takes them: device paths (`devN` paths,
-    /// `lxc.mount.entry` sources) under the node's root (a no-op on real nodes; the path
-    /// inside the container stays `/dev/…`), and NVIDIA nodes the node does not have left
-    /// out (Proxmox refuses to start a container whose `devN` names a missing node).
-    pub fn for_node(&self, lines: &[(String, String)]) -> Vec<(String, String)> {
+    /// Rendered passthrough lines with their device paths (`devN` paths,
+    /// `lxc.mount.entry` sources) under the node's root: a no-op on real nodes; on a
+    /// simulator, the stand-in nodes. The path inside the container stays `/dev/…`.
+    pub fn at_root(&self, lines: &[(String, String)]) -> Vec<(String, String)> {
         lines
             .iter()
-            .filter(|(k, v)| {
-                let path = if is_dev_key(k) {
-                    v.split(',').next()
-                } else if k == "lxc.mount.entry" {
-                    v.split_whitespace().next()
-                } else {
-                    None
-                };
-                path.is_none_or(|p| !p.starts_with("/dev/nvidia") || self.facts.node(p).is_some())
-            })
             .map(|(k, v)| {
                 let moved = if (is_dev_key(k) || k == "lxc.mount.entry") && v.starts_with("/dev/") {
                     self.source(v)
@@ -143,54 +131,14 @@ impl NodeGpus {
 
     /// What the passthrough template sees of the node: live majors and minors.
     pub fn view(&self) -> NodeGpuView {
-        let f = &self.facts;
-        NodeGpuView {
-            nvidia_uvm_major: f.major("nvidia-uvm"),
-            minor_by_uuid: f
-                .gpus
-                .iter()
-                .filter_map(|g| Some((g.info.uuid.clone(), g.minor?)))
-                .collect(),
-            minor_by_index: f
-                .gpus
-                .iter()
-                .filter_map(|g| Some((g.info.index, g.minor?)))
-                .collect(),
-        }
+        crate::gpu::node_gpu_view(&self.facts)
     }
 
-    /// The GPUs `selected` names that the node does not have, with what it has.
-    pub fn missing(&self, selected: &[GpuSelector]) -> Option<String> {
-        let missing: Vec<String> = selected
-            .iter()
-            .filter(|s| self.facts.gpu(s).is_none())
-            .map(|s| s.to_string())
-            .collect();
-        if missing.is_empty() {
-            return None;
-        }
-        let have: Vec<String> = self
-            .facts
-            .gpus
-            .iter()
-            .map(|g| format!("{} {}", g.info.index, g.info.uuid))
-            .collect();
-        Some(format!(
-            "GPU {} not on the node (it has: {})",
-            missing.join(", "),
-            if have.is_empty() {
-                "none".into()
-            } else {
-                have.join(", ")
-            }
-        ))
-    }
-
-    /// Rendered passthrough lines made fit for this node (see [`Self::for_node`]).
+    /// Rendered passthrough lines pointed at this node's root (see [`Self::at_root`]).
     pub fn localize(&self, spec: &mut PveLinesSpec) {
         if spec.label == LABEL {
             spec.lines = self
-                .for_node(&spec.pairs())
+                .at_root(&spec.pairs())
                 .into_iter()
                 .map(|(k, v)| format!("{k}: {v}"))
                 .collect();
@@ -277,23 +225,14 @@ mod tests {
             drift[1].contains("/dev/nvidia3 does not exist"),
             "{drift:?}"
         );
-        let wanted = g.for_node(&[
+        let wanted = g.at_root(&[
             pair("lxc.cgroup2.devices.allow", "c 195:* rwm"),
             pair("lxc.cgroup2.devices.allow", "c 238:* rwm"),
             pair(
                 "lxc.mount.entry",
                 "/dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
             ),
-            pair(
-                "lxc.mount.entry",
-                "/dev/nvidia-modeset dev/nvidia-modeset none bind,optional,create=file",
-            ),
         ]);
-        assert_eq!(
-            wanted.len(),
-            3,
-            "the node has no nvidia-modeset: {wanted:?}"
-        );
         assert_eq!(
             wanted[2].1,
             "/lab/gpu/dev/nvidia1 dev/nvidia1 none bind,optional,create=file"
