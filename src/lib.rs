@@ -15,6 +15,7 @@ pub mod inventory;
 pub mod node;
 pub mod plan;
 pub mod printer;
+pub mod proxmox;
 pub mod render;
 pub mod resources;
 pub mod transport;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use provision::agent::client::{AgentBinary, AgentClient};
-use provision::engine::online::{ReadCtx, apply, plan};
+use provision::engine::online::{Access, ReadCtx, apply, plan};
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};
 use provision::resources::ResourceSpec;
@@ -116,7 +116,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let outcomes = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(Access::Agent(client(&t, &agent_dir))),
         &mut |_, _| {},
     )
     .unwrap();
@@ -159,7 +159,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(Access::Agent(client(&t, &agent_dir))),
         &mut |_, _| {},
     )
     .unwrap();
@@ -183,7 +183,7 @@ fn a_failing_step_stops_the_run_and_says_why() {
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(client(&t, &agent_dir)),
+        &mut |_| Ok(Access::Agent(client(&t, &agent_dir))),
         &mut |_, _| {},
     )
     .unwrap_err();

@@ -147,28 +147,37 @@ fn offline_plan_json_is_stable_and_complete() {
 }
 
 #[test]
-fn online_commands_say_what_they_cannot_do_yet() {
+fn an_unreachable_node_is_an_error_naming_node_and_call() {
     // Loopback addresses and a closed port only: this must never reach a real host.
     for args in [
         &["plan", "tests/fixtures/loopback.yaml"][..],
         &["check", "tests/fixtures/loopback.yaml"][..],
         &["apply", "--yes", "tests/fixtures/loopback.yaml"][..],
     ] {
-        let r = run(args);
-        assert_eq!(r.code, 1, "{args:?}");
+        let out = provision()
+            .args(args)
+            .env("PVE_TOKEN", "root@pam!ci=not-a-real-token")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
-            r.stderr.contains("the Proxmox API client is not built yet"),
-            "{args:?}: {}",
-            r.stderr
+            stderr.contains("GET /version on node `homelab`: no answer"),
+            "{args:?}: {stderr}"
         );
-        assert!(
-            r.stderr.contains(
-                "hint: limit this run to the inside of the container with `--target guest.tools`"
-            ),
-            "{args:?}: {}",
-            r.stderr
-        );
+        assert!(!stderr.contains("not-a-real-token"), "{stderr}");
     }
+    let out = provision()
+        .args(["check", "tests/fixtures/loopback.yaml"])
+        .env_remove("PVE_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("environment variable `PVE_TOKEN` is not set"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -283,4 +292,36 @@ fn unreachable_guest_is_an_error_never_a_plan() {
         "{}",
         r.stderr
     );
+}
+
+#[test]
+fn a_requirement_that_cannot_be_checked_is_refused_where_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cpu-only.yaml"),
+    )
+    .unwrap()
+    .replace("roles: [ml-env]", "roles: [ml-env, extra]");
+    std::fs::write(
+        dir.path().join("inventory.yaml"),
+        format!("paths: {{ roles: roles }}\n{inventory}"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("roles")).unwrap();
+    std::fs::write(
+        dir.path().join("roles/extra.yaml"),
+        "description: A wheel by URL.\nresources:\n  - kind: pip_packages\n    venv: /opt/venv\n    packages: [\"x @ https://example.invalid/x.whl\"]\n",
+    )
+    .unwrap();
+    let path = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", path.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("extra.yaml:3:"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("a URL cannot be compared with what is installed"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("hint:"), "{}", r.stderr);
 }

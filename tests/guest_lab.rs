@@ -211,6 +211,24 @@ fn git_checkout_pinned_and_moved_back() {
     );
     g.expect(&["apply", "--yes"], 0);
     assert_eq!(g.sh("cat /opt/tool/VERSION"), "one\n");
+
+    // An origin pointed elsewhere by hand is drift (the next fetch would come from there);
+    // apply points it back.
+    let repo = format!("{}/git/tool.git", g.mirror_url);
+    g.sh("git -C /opt/tool remote set-url origin http://elsewhere.invalid/tool.git");
+    let (drift, _) = g.expect(&["check"], 2);
+    assert!(
+        drift.contains(&format!(
+            "origin = http://elsewhere.invalid/tool.git -> {repo}"
+        )),
+        "{drift}"
+    );
+    g.expect(&["apply", "--yes"], 0);
+    assert_eq!(
+        g.sh("git -C /opt/tool config --get remote.origin.url"),
+        format!("{repo}\n")
+    );
+    g.expect(&["check"], 0);
 }
 
 #[test]

@@ -91,6 +91,16 @@ fn corrupted_byte_is_found_by_full_verify_and_repaired_by_pull() {
     assert!(quick.ok());
     assert_eq!(quick.hashed_files, 0);
 
+    // inspect finds it too and records nothing: the record keeps every byte.
+    let record = std::fs::read(dest.join(hub::RECORD_FILE)).unwrap();
+    let seen = hub::inspect(&dest, true, 2, &NoProgress).unwrap();
+    assert!(matches!(seen.problems.as_slice(), [Problem::Mismatch { path, .. }] if path == victim));
+    assert_eq!(std::fs::read(dest.join(hub::RECORD_FILE)).unwrap(), record);
+    assert_eq!(
+        hub::status(&dest, None).unwrap().state,
+        StoreState::Verified
+    );
+
     let full = hub::verify(&dest, true, 2, &NoProgress).unwrap();
     assert_eq!(full.hashed_files, spec.files.len());
     assert!(matches!(full.problems.as_slice(), [Problem::Mismatch { path, .. }] if path == victim));

@@ -8,7 +8,10 @@ mod guestlab;
 #[path = "hub_support/mod.rs"]
 mod hub_support;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use fakehub::{Config, FakeHub};
 use guestlab::Guest;
@@ -94,23 +97,7 @@ fn download_on_the_target_into_shared_verify_and_repair() {
     // --verify-full does, and apply fetches the file again.
     let shard = dest.join("model-00001-of-00002.safetensors");
     let meta = std::fs::metadata(&shard).unwrap();
-    let mut bytes = std::fs::read(&shard).unwrap();
-    bytes[4096] ^= 0xff;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&shard)
-        .and_then(|mut f| {
-            use std::io::{Seek, SeekFrom, Write};
-            f.seek(SeekFrom::Start(4096))?;
-            f.write_all(&bytes[4096..4097])
-        })
-        .unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&shard)
-        .unwrap()
-        .set_modified(meta.modified().unwrap())
-        .unwrap();
+    flip_byte(&shard, 4096);
     g.expect(&["check"], 0);
     let (drift, _) = g.expect(&["check", "--verify-full"], 2);
     assert!(drift.contains("no longer matches its sha256"), "{drift}");
@@ -124,6 +111,146 @@ fn download_on_the_target_into_shared_verify_and_repair() {
         meta.len()
     );
     g.expect(&["check", "--verify-full"], 0);
+}
+
+/// Flips one byte of `file` in place, keeping its size, mtime and inode: damage that only a
+/// full re-hash can see.
+fn flip_byte(file: &Path, offset: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let meta = std::fs::metadata(file).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut byte = [0u8];
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.read_exact(&mut byte).unwrap();
+    byte[0] ^= 0xff;
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&byte).unwrap();
+    f.set_modified(meta.modified().unwrap()).unwrap();
+    drop(f);
+    let after = std::fs::metadata(file).unwrap();
+    assert_eq!(
+        (after.len(), after.modified().unwrap(), after.ino()),
+        (meta.len(), meta.modified().unwrap(), meta.ino())
+    );
+}
+
+/// One entry of a [`snapshot`]: what a write would change. The access time is left out
+/// (reading a file may set it); the change time is in, as any write or chmod sets it.
+#[derive(Debug, PartialEq, Eq)]
+struct Entry {
+    mode: u32,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    inode: u64,
+    bytes: Option<Vec<u8>>,
+}
+
+/// Every file and folder under `roots`, with its stat and, for files, its bytes.
+fn snapshot(roots: &[&Path]) -> BTreeMap<PathBuf, Entry> {
+    let mut out = BTreeMap::new();
+    let mut todo: Vec<PathBuf> = roots.iter().map(|r| r.to_path_buf()).collect();
+    while let Some(p) = todo.pop() {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                todo.push(e.unwrap().path());
+            }
+        }
+        out.insert(
+            p.clone(),
+            Entry {
+                mode: m.mode(),
+                size: m.size(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                ctime: (m.ctime(), m.ctime_nsec()),
+                inode: m.ino(),
+                bytes: m.is_file().then(|| std::fs::read(&p).unwrap()),
+            },
+        );
+    }
+    out
+}
+
+/// Asserts that `args` (a read-only command) exits `code` and leaves every file and folder
+/// under `roots` exactly as it was; its stdout.
+fn read_only(g: &Guest, roots: &[&Path], args: &[&str], code: i32) -> String {
+    let before = snapshot(roots);
+    let (out, _) = g.expect(args, code);
+    let after = snapshot(roots);
+    if before != after {
+        let differ: Vec<_> = before
+            .iter()
+            .filter(|(p, e)| after.get(*p) != Some(*e))
+            .map(|(p, _)| p.display().to_string())
+            .chain(
+                after
+                    .keys()
+                    .filter(|p| !before.contains_key(*p))
+                    .map(|p| format!("{} (new)", p.display())),
+            )
+            .collect();
+        panic!("`provision {args:?}` changed the target: {differ:?}");
+    }
+    out
+}
+
+#[test]
+fn check_and_verify_full_never_write_to_the_target() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with(
+        "model-ro",
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    let hub = bridge_hub(&g);
+    let dest = shared.path().join("models/m");
+    inventory(&g, &hub, "org/model", "main", false);
+    g.expect(&["apply", "--yes"], 0);
+    let agent = g.ct.rootfs().join("var/lib/provision");
+    let roots = [dest.as_path(), agent.as_path()];
+    assert!(agent.join("bin").is_dir(), "the agent is installed");
+
+    // Clean: both checks pass and write nothing.
+    read_only(&g, &roots, &["check"], 0);
+    read_only(&g, &roots, &["check", "--verify-full"], 0);
+
+    // Damaged, with size, mtime and inode kept: the routine check cannot see it and the full
+    // one names the file; neither records anything.
+    let shard = dest.join("model-00001-of-00002.safetensors");
+    flip_byte(&shard, 4096);
+    read_only(&g, &roots, &["check"], 0);
+    let drift = read_only(&g, &roots, &["check", "--verify-full"], 2);
+    assert!(
+        drift.contains("model-00001-of-00002.safetensors no longer matches its sha256"),
+        "{drift}"
+    );
+    read_only(&g, &roots, &["plan", "--verify-full"], 0);
+
+    // The byte restored: nothing was recorded in between, so both checks are clean again.
+    flip_byte(&shard, 4096);
+    read_only(&g, &roots, &["check"], 0);
+    read_only(&g, &roots, &["check", "--verify-full"], 0);
+
+    // Damaged again and repaired by apply, which fetches that file and no other.
+    flip_byte(&shard, 4096);
+    hub.reset_stats();
+    g.expect(&["apply", "--yes", "--verify-full"], 0);
+    hub_support::assert_identical(&hub_support::model("org/model"), &dest);
+    let fetched: Vec<_> = hub.stats().bytes_by_file.into_keys().collect();
+    assert_eq!(
+        fetched,
+        vec!["org/model/model-00001-of-00002.safetensors".to_string()]
+    );
+    read_only(&g, &roots, &["check", "--verify-full"], 0);
 }
 
 /// The name of the verification record in a model folder.

@@ -236,11 +236,12 @@ fn start_server(lab: &Settings, bin: &Path) -> Result<()> {
     };
     std::fs::write(server_pidfile(lab), child.id().to_string())?;
     let secrets = Secrets::load(lab)?;
-    let client = crate::client::PveClient {
-        base: format!("https://127.0.0.1:{}/api2/json", lab.api_port),
-        fingerprint: None,
-        auth: crate::client::Auth::Token(secrets.root_token()),
-    };
+    let client = crate::client::PveClient::with_timeout(
+        &format!("https://127.0.0.1:{}/api2/json", lab.api_port),
+        pve::Trust::Insecure,
+        crate::client::Auth::Token(secrets.root_token()),
+        Duration::from_secs(5),
+    )?;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if client.call("GET", "/version", &[]).is_ok() {

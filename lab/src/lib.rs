@@ -5,12 +5,13 @@
 //! [`testkit`] gives other crates' tests real containers through the same API.
 
 pub mod client;
+/// Proxmox's formats and errors live in the `pve` crate, shared with provision.
+pub use ::pve;
+pub use ::pve::error;
 pub mod control;
-pub mod error;
 pub mod gpu;
 pub mod node;
 pub mod paths;
 pub mod pct;
-pub mod pve;
 pub mod server;
 pub mod testkit;

@@ -130,21 +130,21 @@ impl LabEnv {
 
     /// An API client authenticated with `PVE_TOKEN`.
     pub fn api(&self) -> Result<PveClient> {
-        Ok(PveClient {
-            base: format!("{}/api2/json", self.var("PVE_URL")?),
-            fingerprint: Some(self.var("PVE_FINGERPRINT")?.to_string()),
-            auth: Auth::Token(self.var("PVE_TOKEN")?.to_string()),
-        })
+        Ok(PveClient::new(
+            &format!("{}/api2/json", self.var("PVE_URL")?),
+            pve::Trust::Pin(self.var("PVE_FINGERPRINT")?.to_string()),
+            Auth::Token(self.var("PVE_TOKEN")?.to_string()),
+        )?)
     }
 
     /// An API client logged in as root@pam with a ticket.
     pub fn root_api(&self) -> Result<PveClient> {
-        PveClient::login(
+        Ok(PveClient::login(
             &format!("{}/api2/json", self.var("PVE_URL")?),
-            Some(self.var("PVE_FINGERPRINT")?),
+            pve::Trust::Pin(self.var("PVE_FINGERPRINT")?.to_string()),
             "root@pam",
             self.var("PVE_ROOT_PASSWORD")?,
-        )
+        )?)
     }
 
     /// Adds a fault rule (see `server::faults`).
@@ -164,7 +164,7 @@ impl LabEnv {
             &format!("{}/lab/faults", c.base),
             &headers,
             &body,
-            c.fingerprint.as_deref(),
+            Some(self.var("PVE_FINGERPRINT")?),
         )?;
         if resp.status != 200 {
             bail!("adding the fault failed: {} {}", resp.status, resp.reason);

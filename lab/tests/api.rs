@@ -68,7 +68,13 @@ fn no_or_bad_credentials_are_401() {
 fn ticket_login_needs_csrf_on_writes() {
     let base = format!("{}/api2/json", lab().url());
     let fp = lab().vars["PVE_FINGERPRINT"].clone();
-    let e = PveClient::login(&base, Some(&fp), "root@pam", "wrong").unwrap_err();
+    let e = PveClient::login(
+        &base,
+        provision_lab::client::trust(Some(&fp)),
+        "root@pam",
+        "wrong",
+    )
+    .unwrap_err();
     assert!(format!("{e}").contains("authentication failure"), "{e}");
     let c = root();
     assert_eq!(c.call("GET", "/version", &[]).unwrap()["version"], "9.1.3");

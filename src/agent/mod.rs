@@ -195,7 +195,8 @@ pub fn model_fact(path: &Path, full: bool) -> Result<Option<ModelFact>, String> 
     };
     if full && fact.intact {
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let report = crate::hub::verify(path, true, jobs, &crate::hub::NoProgress)
+        // Read-only: a probe reports, and only apply's pull records what it found.
+        let report = crate::hub::inspect(path, true, jobs, &crate::hub::NoProgress)
             .map_err(|e| e.to_string())?;
         if !report.problems.is_empty() {
             fact.intact = false;

@@ -224,7 +224,12 @@ pub fn venv(path: &Path) -> Result<Option<VenvFact>, String> {
                 && v["dir_info"]["editable"] == serde_json::Value::Bool(true)
                 && let Some(url) = v["url"].as_str()
             {
-                editable.insert(key.clone(), url.trim_start_matches("file://").to_string());
+                // pip writes a file URL, percent-encoded: the folder is its decoded path.
+                let folder = url::Url::parse(url)
+                    .ok()
+                    .and_then(|u| u.to_file_path().ok())
+                    .map_or_else(|| url.to_string(), |p| p.display().to_string());
+                editable.insert(key.clone(), folder);
             }
             packages.insert(key, ver);
         }

@@ -62,12 +62,9 @@ pub enum Step {
         requirements: Vec<String>,
         /// Install the (single) requirement as an editable source folder.
         editable: bool,
-        /// `--index-url`.
-        index_url: Option<String>,
-        /// `--extra-index-url`s.
-        extra_index_urls: Vec<String>,
-        /// `--no-index --find-links` folder.
-        wheelhouse: Option<String>,
+        /// Where pip looks for packages.
+        #[serde(flatten)]
+        index: PipIndex,
     },
     /// Download a model next to its storage, every file verified.
     ModelPull(Box<ModelPull>),
@@ -156,9 +153,7 @@ impl Step {
                 venv,
                 requirements,
                 editable,
-                index_url,
-                extra_index_urls,
-                wheelhouse,
+                index,
             } => {
                 let mut args: Vec<String> = vec![
                     "install".into(),
@@ -166,16 +161,7 @@ impl Step {
                     "--disable-pip-version-check".into(),
                     "--no-warn-script-location".into(),
                 ];
-                match (wheelhouse, index_url) {
-                    (Some(w), _) => {
-                        args.extend(["--no-index".into(), "--find-links".into(), w.clone()]);
-                    }
-                    (None, Some(u)) => args.extend(["--index-url".into(), u.clone()]),
-                    (None, None) => {}
-                }
-                for u in extra_index_urls {
-                    args.extend(["--extra-index-url".into(), u.clone()]);
-                }
+                args.extend(index.pip_args());
                 if *editable {
                     args.push("-e".into());
                 }
@@ -189,6 +175,43 @@ impl Step {
             } => git_checkout(repo, revision, path),
         };
         done.map(|()| None)
+    }
+}
+
+/// Where pip finds packages: an index (and extra ones), or a wheelhouse folder on the target
+/// for air-gapped hosts. Declared once for `pip_packages`, `pip_editable` and the step they
+/// make; flattened, so plans keep the three keys side by side.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipIndex {
+    /// `--index-url`.
+    #[serde(default)]
+    pub index_url: Option<String>,
+    /// `--extra-index-url`s, e.g. PyTorch's CUDA wheels.
+    #[serde(default)]
+    pub extra_index_urls: Vec<String>,
+    /// `--no-index --find-links` folder on the target.
+    #[serde(default)]
+    pub wheelhouse: Option<String>,
+}
+
+impl PipIndex {
+    /// pip's arguments for this index. A wheelhouse means no index at all.
+    pub fn pip_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        match (&self.wheelhouse, &self.index_url) {
+            (Some(w), _) => args.extend(["--no-index".into(), "--find-links".into(), w.clone()]),
+            (None, Some(u)) => args.extend(["--index-url".into(), u.clone()]),
+            (None, None) => {}
+        }
+        for u in &self.extra_index_urls {
+            args.extend(["--extra-index-url".into(), u.clone()]);
+        }
+        args
+    }
+
+    /// Where packages come from, in words, for plans.
+    pub fn source(&self) -> Option<&str> {
+        self.wheelhouse.as_deref().or(self.index_url.as_deref())
     }
 }
 
@@ -410,6 +433,18 @@ fn git_checkout(repo: &str, revision: &str, path: &str) -> Result<(), String> {
             ],
             &[],
         )?;
+    }
+    // A checkout whose origin was changed by hand fetches from the declared repository again.
+    let origin = Command::new("git")
+        .args(["-C", path, "config", "--get", "remote.origin.url"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match origin.as_deref() {
+        Some(url) if url == repo => {}
+        Some(_) => git(&["remote", "set-url", "origin", repo])?,
+        None => git(&["remote", "add", "origin", repo])?,
     }
     let has_commit = Command::new("git")
         .args([

@@ -8,7 +8,7 @@ use clap::Args;
 use console::Style;
 
 use super::plan::{print_plan, read_plan};
-use super::targets::{TargetArgs, connect};
+use super::targets::{Connections, TargetArgs};
 use super::{ExitStatus, prepare};
 use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
@@ -30,6 +30,10 @@ pub struct ApplyArgs {
     /// instead of rolling back to its last healthy unit.
     #[arg(long)]
     pub no_rollback: bool,
+    /// Destroy and recreate a container whose create-only settings (template,
+    /// `unprivileged`, rootfs storage) changed. Host bind-mounted data is kept.
+    #[arg(long)]
+    pub allow_replace: bool,
     #[command(flatten)]
     pub targets: TargetArgs,
 }
@@ -52,14 +56,16 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         confirm()?;
     }
     let binary = Arc::new(AgentBinary::current()?);
+    let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
     let green = printer.style_err(Style::new().green());
     let red = printer.style_err(Style::new().red().bold());
     let outcomes = online::apply(
         &plan,
         online::ApplyOptions {
             rollback: !args.no_rollback,
+            allow_replace: args.allow_replace,
         },
-        &mut |target| connect(&loaded, target, &args.targets, &binary),
+        &mut |target| conns.connect(target),
         &mut |target, step| {
             let mark = if step.error.is_none() {
                 green.apply_to("done")

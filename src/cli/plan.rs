@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::targets::{TargetArgs, connect, select};
+use super::targets::{Connections, TargetArgs, select};
 use super::{ExitStatus, Prepared, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
@@ -64,12 +64,14 @@ pub fn read_plan(
     let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
-    let loaded = &prepared.loaded;
-    online::plan(inventory, &desired, &mut |target| {
+    let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    conns.warn_insecure();
+    let plan = online::plan(inventory, &desired, &mut |target| {
         printer.status(&format!("reading {}", target.heading()));
-        Ok(ReadCtx::new(connect(loaded, target, targets, &binary)?)
-            .verify_full(targets.verify_full))
-    })
+        Ok(ReadCtx::with(conns.connect(target)?).verify_full(targets.verify_full))
+    })?;
+    conns.report_calls();
+    Ok(plan)
 }
 
 /// Prints a plan for people, or as JSON.

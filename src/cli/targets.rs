@@ -1,6 +1,7 @@
 //! What the commands that reach real targets share: choosing targets (`--target`) and
 //! connecting to them.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,8 +10,11 @@ use clap::Args;
 use crate::agent::client::{AgentBinary, AgentClient};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
+use crate::engine::online::Access;
 use crate::inventory::Loaded;
 use crate::plan::Target;
+use crate::printer::Printer;
+use crate::proxmox::{ApiSettings, NodeApi};
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -30,6 +34,10 @@ pub struct TargetArgs {
     /// metadata only).
     #[arg(long)]
     pub verify_full: bool,
+    /// Trust any TLS certificate of the nodes' APIs instead of the inventory's `tls:`
+    /// (warned about on every run).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 fn target_names(t: &Target) -> (String, String) {
@@ -71,6 +79,84 @@ pub fn select(
         .collect())
 }
 
+/// Connections made during one command: one API connection per node, shared by its
+/// containers (so `/version` is read once per node).
+pub struct Connections<'a> {
+    loaded: &'a Loaded,
+    args: &'a TargetArgs,
+    binary: Arc<AgentBinary>,
+    printer: &'a Printer,
+    nodes: HashMap<String, Arc<NodeApi>>,
+}
+
+impl<'a> Connections<'a> {
+    /// No connection yet.
+    pub fn new(
+        loaded: &'a Loaded,
+        args: &'a TargetArgs,
+        binary: Arc<AgentBinary>,
+        printer: &'a Printer,
+    ) -> Self {
+        Connections {
+            loaded,
+            args,
+            binary,
+            printer,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// Access to `target`: the agent for a guest, the node's API for a container.
+    pub fn connect(&mut self, target: &Target) -> anyhow::Result<Access> {
+        match target {
+            Target::Container { node, .. } => Ok(Access::Api(self.node(node)?)),
+            _ => Ok(Access::Agent(connect(
+                self.loaded,
+                target,
+                self.args,
+                &self.binary,
+            )?)),
+        }
+    }
+
+    /// The API connection to the node named `node` in the inventory.
+    pub fn node(&mut self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
+        if let Some(api) = self.nodes.get(node) {
+            return Ok(api.clone());
+        }
+        let inv = self
+            .loaded
+            .inventory
+            .nodes
+            .iter()
+            .find(|(n, _)| n.as_str() == node)
+            .map(|(_, n)| n)
+            .ok_or_else(|| Diagnostic::new(format!("no node `{node}` in the inventory")))?;
+        let settings =
+            ApiSettings::from_inventory(node, &inv.api, &self.loaded.base_dir, self.args.insecure)?;
+        let api = Arc::new(NodeApi::connect(&settings)?);
+        self.nodes.insert(node.to_string(), api.clone());
+        Ok(api)
+    }
+
+    /// Warns, on every run that reads targets, when certificates are not verified.
+    pub fn warn_insecure(&self) {
+        if self.args.insecure {
+            self.printer.warn(
+                "--insecure: the nodes' TLS certificates are NOT verified; anyone on the path can read the API credentials and change the node",
+            );
+        }
+    }
+
+    /// Says how many API calls each node took (`-v`).
+    pub fn report_calls(&self) {
+        for (node, api) in &self.nodes {
+            self.printer
+                .verbose(&format!("node {node}: {} API call(s)", api.calls()));
+        }
+    }
+}
+
 /// Connects to a target's agent.
 pub fn connect(
     loaded: &Loaded,
@@ -84,9 +170,9 @@ pub fn connect(
             Ok(AgentClient::new(transport, binary.clone()))
         }
         Target::Container { name, .. } => Err(Diagnostic::new(format!(
-            "cannot read container `{name}`'s Proxmox config: the Proxmox API client is not built yet"
+            "container `{name}`'s Proxmox config is read through its node's API, not an agent"
         ))
-        .hint(format!("limit this run to the inside of the container with `--target guest.{name}`"))
+        .hint("use `Connections::connect`")
         .into()),
         Target::Node { node, .. } => Err(Diagnostic::new(format!(
             "cannot read node `{node}`: the Proxmox API client is not built yet"

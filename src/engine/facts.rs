@@ -146,6 +146,52 @@ pub struct ModelFact {
     pub changed: Vec<String>,
 }
 
+/// A container as its node reports it: current and pending configuration, power state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PveContainerFact {
+    /// The current configuration's `key: value` lines, raw `lxc.*` lines last in file order
+    /// (they may repeat).
+    pub config: Vec<(String, String)>,
+    /// Values waiting in `[pve:pending]` for a restart.
+    pub pending: BTreeMap<String, String>,
+    /// Options waiting to be deleted at the next restart.
+    pub pending_delete: Vec<String>,
+    /// The config's digest, for guarded writes.
+    pub digest: String,
+    /// Whether it runs.
+    pub running: bool,
+}
+
+impl PveContainerFact {
+    /// The current value of an option.
+    pub fn current(&self, key: &str) -> Option<&str> {
+        self.config
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Reads a config file as Proxmox keeps it (`lxc/<vmid>.conf`).
+    pub fn from_config(conf: &pve::config::CtConfig, running: bool) -> Self {
+        let mut config: Vec<(String, String)> = conf
+            .main
+            .props
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        config.extend(conf.main.lxc.iter().cloned());
+        let mut pending = conf.pending.props.clone();
+        pending.remove("delete");
+        PveContainerFact {
+            config,
+            pending,
+            pending_delete: conf.pending_delete(),
+            digest: conf.digest.clone(),
+            running,
+        }
+    }
+}
+
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "fact", content = "value", rename_all = "snake_case")]
@@ -166,9 +212,8 @@ pub enum Fact {
     Model(Option<ModelFact>),
     /// Answer to [`Probe::Readiness`] (always `Some` when read).
     Readiness(Option<crate::health::process::ReadinessFact>),
-    /// Answer to [`Probe::PveContainer`]: the main section's `key: value` lines in file
-    /// order (raw `lxc.*` keys may repeat).
-    PveContainer(Option<Vec<(String, String)>>),
+    /// Answer to [`Probe::PveContainer`].
+    PveContainer(Option<PveContainerFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -231,7 +276,7 @@ impl Facts {
     );
     accessor!(
         /// A container's Proxmox config.
-        pve_container, PveContainer, Vec<(String, String)>
+        pve_container, PveContainer, PveContainerFact
     );
 
     /// Installed versions of packages (empty world: none installed).

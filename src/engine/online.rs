@@ -3,6 +3,7 @@
 //! and `plan` cannot reach a write path by construction.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::facts::Facts;
@@ -11,20 +12,49 @@ use crate::agent::client::{AgentClient, AgentError, StepOutcome};
 use crate::agent::deploy::DeployReport;
 use crate::agent::steps::Step;
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Plan, PlanMode, Target, TargetPlan};
+use crate::plan::{Action, Plan, PlanMode, Target, TargetPlan};
+use crate::proxmox::NodeApi;
+use crate::proxmox::container::ContainerError;
 use crate::resources::ResourceSpec;
+
+/// Where a target is read from and written to.
+pub enum Access {
+    /// The agent, over SSH (a guest).
+    Agent(AgentClient),
+    /// The node's API (a container's config).
+    Api(Arc<NodeApi>),
+}
+
+/// Why a target's facts could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Through the agent.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// Through the node's API.
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    /// A probe this kind of access cannot answer.
+    #[error("{0:?} cannot be read through the Proxmox API")]
+    Unanswerable(crate::engine::facts::Probe),
+}
 
 /// Read access to one target.
 pub struct ReadCtx {
-    agent: AgentClient,
+    access: Access,
     verify_full: bool,
 }
 
 impl ReadCtx {
     /// Read access through `agent`.
     pub fn new(agent: AgentClient) -> Self {
+        Self::with(Access::Agent(agent))
+    }
+
+    /// Read access through `access`.
+    pub fn with(access: Access) -> Self {
         ReadCtx {
-            agent,
+            access,
             verify_full: false,
         }
     }
@@ -35,16 +65,52 @@ impl ReadCtx {
         self
     }
 
-    /// Answers all `probes` in one request.
-    pub fn facts(&self, desired: &DesiredTarget) -> Result<Facts, AgentError> {
+    /// Answers all `probes` in one request (the agent), or in as few API calls as the
+    /// node needs (a container: its node's list, then its config and pending values).
+    pub fn facts(&self, desired: &DesiredTarget) -> Result<Facts, ReadError> {
         let probes = desired.probes();
         if probes.is_empty() {
             return Ok(Facts::Read(Default::default()));
         }
-        self.agent
-            .probe_with(&probes, self.verify_full)
-            .map(Facts::Read)
+        match &self.access {
+            Access::Agent(agent) => Ok(agent
+                .probe_with(&probes, self.verify_full)
+                .map(Facts::Read)?),
+            Access::Api(api) => read_container_facts(api, desired, &probes),
+        }
     }
+}
+
+fn read_container_facts(
+    api: &NodeApi,
+    desired: &DesiredTarget,
+    probes: &[crate::engine::facts::Probe],
+) -> Result<Facts, ReadError> {
+    use crate::engine::facts::{Fact, Probe};
+    use crate::proxmox::container;
+    api.version().map_err(ContainerError::from)?;
+    let listing = container::list(api).map_err(ContainerError::from)?;
+    let mut out = HashMap::new();
+    for p in probes {
+        let Probe::PveContainer { vmid } = p else {
+            return Err(ReadError::Unanswerable(p.clone()));
+        };
+        let spec = desired.resources.iter().find_map(|d| match &d.spec {
+            ResourceSpec::Container(c) if c.vmid == *vmid => Some(c),
+            _ => None,
+        });
+        let fact = match spec {
+            Some(spec) => container::read_for(api, spec, &listing)?,
+            None => match listing.get(vmid) {
+                Some((_, running)) => {
+                    Some(container::read(api, *vmid, *running).map_err(ContainerError::from)?)
+                }
+                None => None,
+            },
+        };
+        out.insert(p.clone(), Fact::PveContainer(fact));
+    }
+    Ok(Facts::Read(out))
 }
 
 /// Write access to one target; made only by [`apply`].
@@ -87,11 +153,16 @@ pub struct TargetOutcome {
 pub struct ApplyOptions {
     /// Roll a service back to its last healthy unit when the health gate fails.
     pub rollback: bool,
+    /// Destroy and recreate a container whose create-only settings changed.
+    pub allow_replace: bool,
 }
 
 impl Default for ApplyOptions {
     fn default() -> Self {
-        ApplyOptions { rollback: true }
+        ApplyOptions {
+            rollback: true,
+            allow_replace: false,
+        }
     }
 }
 
@@ -101,12 +172,25 @@ impl Default for ApplyOptions {
 pub fn apply(
     plan: &Plan,
     options: ApplyOptions,
-    connect: &mut dyn FnMut(&Target) -> anyhow::Result<AgentClient>,
+    connect: &mut dyn FnMut(&Target) -> anyhow::Result<Access>,
     on_step: &mut dyn FnMut(&Target, &StepOutcome),
 ) -> anyhow::Result<Vec<TargetOutcome>> {
     let mut work: Vec<(&TargetPlan, Vec<Step>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
+        if let Some(refused) = t
+            .changes
+            .iter()
+            .find(|c| matches!(c.spec, ResourceSpec::Container(_)) && c.action == Action::Replace)
+            && !options.allow_replace
+        {
+            return Err(Diagnostic::new(format!(
+                "{} must be replaced (a create-only setting changed); nothing was changed",
+                refused.address
+            ))
+            .hint("replacing destroys the container's own volumes (host bind mounts are kept); pass --allow-replace to go ahead")
+            .into());
+        }
         let mut steps = Vec::new();
         let mut preflights = preflights_of(t);
         for c in &t.changes {
@@ -119,6 +203,10 @@ pub fn apply(
             };
             if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
                 steps.push(step);
+            }
+            if matches!(c.spec, ResourceSpec::Container(_)) {
+                // Applied through the node's API below, not by guest steps.
+                continue;
             }
             match c.spec.resource().steps(c) {
                 Ok(s) => steps.extend(s.into_iter().map(|mut step| {
@@ -147,9 +235,19 @@ pub fn apply(
     let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
     for (t, steps) in work {
         let started = Instant::now();
-        let ctx = WriteCtx {
-            agent: connect(&t.target)?,
+        let agent = match connect(&t.target)? {
+            Access::Agent(agent) => agent,
+            Access::Api(api) => {
+                let results = apply_container(&api, t, options, on_step)?;
+                outcomes.push(TargetOutcome {
+                    target: t.target.clone(),
+                    steps: results,
+                    millis: started.elapsed().as_millis() as u64,
+                });
+                continue;
+            }
         };
+        let ctx = WriteCtx { agent };
         let results = ctx.agent.apply(&steps)?;
         for r in &results {
             on_step(&t.target, r);
@@ -224,6 +322,35 @@ pub fn apply(
             .into());
     }
     Ok(outcomes)
+}
+
+/// Applies a container target's changes through its node's API; each API action is
+/// reported as a step. The container module reads back and fails unless it converged.
+fn apply_container(
+    api: &NodeApi,
+    t: &TargetPlan,
+    options: ApplyOptions,
+    on_step: &mut dyn FnMut(&Target, &StepOutcome),
+) -> anyhow::Result<Vec<StepOutcome>> {
+    let mut results = Vec::new();
+    for c in &t.changes {
+        let ResourceSpec::Container(spec) = &c.spec else {
+            continue;
+        };
+        let mut log = |what: &str, took: std::time::Duration| {
+            let outcome = StepOutcome {
+                description: what.to_string(),
+                error: None,
+                detail: None,
+                millis: took.as_millis() as u64,
+            };
+            on_step(&t.target, &outcome);
+            results.push(outcome);
+        };
+        crate::proxmox::container::apply(api, spec, c.action, options.allow_replace, &mut log)
+            .map_err(|e| anyhow::Error::new(e).context(format!("applying {} failed", c.address)))?;
+    }
+    Ok(results)
 }
 
 /// The preflight steps of the services this target plan (re)starts, by unit file.

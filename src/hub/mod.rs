@@ -23,7 +23,7 @@ pub use api::{RemoteFile, install_crypto_provider};
 pub use error::HubError;
 pub use progress::{Event, JsonLines, NoProgress, ProgressSink};
 pub use record::{RECORD_FILE, Record, RecordFile};
-pub use verify::{Problem, StoreState, StoreStatus, VerifyReport, status, verify};
+pub use verify::{Problem, StoreState, StoreStatus, VerifyReport, inspect, status, verify};
 
 use crate::inventory::secret::Secret;
 

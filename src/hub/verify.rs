@@ -179,6 +179,32 @@ pub fn verify(
     jobs: usize,
     progress: &dyn ProgressSink,
 ) -> Result<VerifyReport, HubError> {
+    let (report, updated) = examine(dest, full, jobs, progress)?;
+    if let Some(rec) = updated {
+        record::write(dest, &rec)?;
+    }
+    Ok(report)
+}
+
+/// [`verify`] that only reports: the record and the folder are left exactly as found, for
+/// `check` and `plan` (a check reports; only apply records).
+pub fn inspect(
+    dest: &Path,
+    full: bool,
+    jobs: usize,
+    progress: &dyn ProgressSink,
+) -> Result<VerifyReport, HubError> {
+    examine(dest, full, jobs, progress).map(|(report, _)| report)
+}
+
+/// The verification itself: the report, and the record as it should now read when that
+/// differs from what is on disk.
+fn examine(
+    dest: &Path,
+    full: bool,
+    jobs: usize,
+    progress: &dyn ProgressSink,
+) -> Result<(VerifyReport, Option<Record>), HubError> {
     let started = Instant::now();
     let mut rec = record::read(dest)?.ok_or_else(|| HubError::NoRecord {
         dest: dest.to_path_buf(),
@@ -268,13 +294,11 @@ pub fn verify(
         rec.complete = false;
         changed = true;
     }
-    if changed {
-        record::write(dest, &rec)?;
-    }
-    Ok(VerifyReport {
+    let report = VerifyReport {
         duration_s: started.elapsed().as_secs_f64(),
         ..report
-    })
+    };
+    Ok((report, changed.then_some(rec)))
 }
 
 /// The state of a model folder by metadata alone.

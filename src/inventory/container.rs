@@ -53,6 +53,11 @@ pub struct Container {
     /// Start when the node boots.
     #[serde(default)]
     pub onboot: Sp<bool>,
+    /// Whether apply may restart the running container to apply changes Proxmox keeps
+    /// pending until a restart (a new mount point, `unprivileged` aside): `allowed` or
+    /// `never` (they stay pending and the plan says so).
+    #[serde(default)]
+    pub restart: Sp<RestartPolicy>,
     /// Proxmox tags.
     #[serde(default)]
     pub tags: Vec<Sp<Name>>,
@@ -84,6 +89,17 @@ pub struct Container {
     /// Services, by name (the unit is `<name>.service` unless set).
     #[serde(default)]
     pub services: IndexMap<Name, Service>,
+}
+
+/// May apply restart a running container?
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RestartPolicy {
+    /// Restart (reboot through the API) when a change waits for it.
+    Allowed,
+    /// Never restart; changes that need it stay pending.
+    #[default]
+    Never,
 }
 
 fn default_true() -> Sp<bool> {

@@ -6,6 +6,7 @@ pub mod load;
 pub mod node;
 pub mod secret;
 pub mod service;
+pub mod setting;
 pub mod software;
 pub mod spanned;
 pub mod text;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::container::Container;
 use super::secret::SecretRef;
+use super::setting::Setting;
 use super::spanned::Sp;
 use super::text::{AbsPath, Host, LocalPath, Name, Text};
 
@@ -57,12 +58,20 @@ fn default_config_root() -> Sp<AbsPath> {
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Api {
-    /// Base URL, e.g. `https://10.1.2.6:8006`; `/api2/json` is added when missing.
-    pub url: Sp<Text>,
+    /// Base URL, e.g. `https://10.1.2.6:8006`, or `{ env: PVE_URL }`; `/api2/json` is added
+    /// when missing.
+    pub url: Sp<Setting>,
     /// The node's name as Proxmox knows it (the `node` in `/nodes/{node}`).
     pub node: Sp<Name>,
     /// An API token `USER@REALM!TOKENID=SECRET`, by reference.
-    pub token: Sp<SecretRef>,
+    pub token: Option<Sp<SecretRef>>,
+    /// A password of `user`, by reference: provision then logs in for a ticket (renewed
+    /// before its two hours run out). root@pam may change what a token may not (bind
+    /// mounts, device passthrough, features other than nesting).
+    pub password: Option<Sp<SecretRef>>,
+    /// The user `password` belongs to.
+    #[serde(default = "default_api_user")]
+    pub user: Sp<Text>,
     /// How to trust the node's TLS certificate (exactly one way).
     pub tls: Tls,
 }
@@ -72,8 +81,8 @@ pub struct Api {
 #[serde(deny_unknown_fields)]
 pub struct Tls {
     /// SHA-256 fingerprint of the node's certificate, `AB:CD:...` (as `pvenode cert info`
-    /// prints it) or plain hex.
-    pub fingerprint: Option<Sp<Text>>,
+    /// prints it) or plain hex, or `{ env: PVE_FINGERPRINT }`.
+    pub fingerprint: Option<Sp<Setting>>,
     /// A PEM file with the CA that signed the node's certificate.
     pub ca_file: Option<Sp<LocalPath>>,
 }
@@ -106,6 +115,10 @@ impl Default for SshTarget {
             proxy_jump: None,
         }
     }
+}
+
+fn default_api_user() -> Sp<Text> {
+    Sp::new(Text::parse("root@pam").expect("valid default"))
 }
 
 fn default_ssh_port() -> Sp<u16> {

@@ -87,7 +87,7 @@ impl Validator<'_> {
     }
 
     fn node(&mut self, name: &Name, node: &Node) {
-        let url = node.api.url.as_str();
+        let url = node.api.url.literal().unwrap_or("https://from-env");
         let rest = url.strip_prefix("https://");
         match rest {
             None => self.err(
@@ -115,7 +115,12 @@ impl Validator<'_> {
                 "add `tls: { fingerprint: \"AB:CD:...\" }` (from `pvenode cert info` on the node) or `tls: { ca_file: pve-root-ca.pem }`",
             ),
             (Some(fp), None) => {
-                let hex: String = fp.as_str().chars().filter(|c| *c != ':').collect();
+                let hex: String = fp
+                    .literal()
+                    .unwrap_or(&"0".repeat(64))
+                    .chars()
+                    .filter(|c| *c != ':')
+                    .collect();
                 if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
                     self.err(
                         fp.pos,
@@ -125,6 +130,13 @@ impl Validator<'_> {
                 }
             }
             (None, Some(_)) => {}
+        }
+        if node.api.token.is_none() && node.api.password.is_none() {
+            self.err(
+                node.api.url.pos,
+                format!("node `{name}` gives no API credentials"),
+                "add `token: { env: PVE_TOKEN }`, or `password: { env: PVE_ROOT_PASSWORD }` for root@pam",
+            );
         }
         if node.ssh.host.is_none() {
             self.err(

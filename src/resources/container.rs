@@ -2,14 +2,58 @@
 
 use serde::{Deserialize, Serialize};
 
+use pve::normalize::same;
+
 use super::{Delta, Resource};
 use crate::agent::steps::Step;
-use crate::engine::facts::{Facts, NotRead, Probe};
+use crate::engine::facts::{Facts, NotRead, Probe, PveContainerFact};
 use crate::inventory::Container;
+pub use crate::inventory::container::RestartPolicy;
 use crate::plan::{Action, Attribute, Change};
 
-/// Keys Proxmox only takes when a container is created.
-const CREATE_ONLY: &[&str] = &["ostemplate", "unprivileged", "ssh-public-keys"];
+/// Keys Proxmox only takes when a container is created: a change replaces the container.
+/// (`rootfs` is create-only in its storage; its size can only grow, in place.)
+const CREATE_ONLY: &[&str] = &["ostemplate", "unprivileged"];
+
+/// Options a running container takes at once (`update_pct_config`'s hotplug set); anything
+/// else waits in `[pve:pending]` until the container restarts.
+fn applies_live(key: &str) -> bool {
+    const LIVE: &[&str] = &[
+        "description",
+        "onboot",
+        "startup",
+        "protection",
+        "hostname",
+        "hookscript",
+        "cores",
+        "tags",
+        "memory",
+        "swap",
+        "cpulimit",
+        "cpuunits",
+    ];
+    LIVE.contains(&key) || pve::options::indexed(key, "net")
+}
+
+/// The first line of the description of a container provision created; the next line
+/// records its template (Proxmox keeps no `ostemplate`), so a template change is seen.
+pub const MARKER: &str = "Managed by provision.";
+
+/// The description written at creation.
+pub fn marker_description(template: &str) -> String {
+    format!("{MARKER}\nprovision: template={template}\n")
+}
+
+/// The template recorded by [`marker_description`], when provision created the container.
+pub fn marker_template(fact: &PveContainerFact) -> Option<&str> {
+    let d = fact.current("description")?;
+    if !d.starts_with(MARKER) {
+        return None;
+    }
+    d.lines()
+        .find_map(|l| l.strip_prefix("provision: template="))
+        .map(str::trim)
+}
 
 /// A container's desired Proxmox configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +67,9 @@ pub struct ContainerSpec {
     pub config: Vec<(String, String)>,
     /// Public keys for root's `authorized_keys`, set at creation.
     pub ssh_public_keys: Vec<String>,
+    /// Whether apply may restart it to apply pending changes.
+    #[serde(default)]
+    pub restart: RestartPolicy,
 }
 
 impl ContainerSpec {
@@ -84,29 +131,171 @@ impl ContainerSpec {
             pve_node: pve_node.to_string(),
             config,
             ssh_public_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
+            restart: ct.restart.value,
         }
     }
-}
 
-/// Compares a wanted config value with the one Proxmox reports. Proxmox adds `hwaddr`
-/// and `type` to network devices and expands `STORAGE:SIZE` into a volume with `size=`.
-fn same_value(key: &str, want: &str, have: &str) -> bool {
-    if key.starts_with("net") {
-        let strip = |s: &str| {
-            let mut parts: Vec<&str> = s
-                .split(',')
-                .filter(|p| !p.starts_with("hwaddr=") && !p.starts_with("type="))
+    /// A wanted option's value.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.config
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The create-only keys whose wanted value differs from `found`: each forces a replace.
+    fn create_only_changes(&self, found: &PveContainerFact) -> Vec<Attribute> {
+        let mut out = Vec::new();
+        if let (Some(want), Some(have)) = (self.get("ostemplate"), marker_template(found))
+            && want != have
+        {
+            out.push(Attribute::change(
+                "ostemplate",
+                Some(have.to_string()),
+                Some(want.to_string()),
+            ));
+        }
+        if let Some(want) = self.get("unprivileged") {
+            let have = found.current("unprivileged").unwrap_or("0");
+            if !same("unprivileged", want, Some(have)) {
+                out.push(Attribute::change(
+                    "unprivileged",
+                    Some(have.to_string()),
+                    Some(want.to_string()),
+                ));
+            }
+        }
+        let storage = |v: &str| v.split([':', ',']).next().unwrap_or("").to_string();
+        if let (Some(want), Some(have)) = (self.get("rootfs"), found.current("rootfs"))
+            && storage(want) != storage(have)
+        {
+            out.push(Attribute::change(
+                "rootfs storage",
+                Some(storage(have)),
+                Some(storage(want)),
+            ));
+        }
+        out
+    }
+
+    /// Keys of option families the inventory owns wholly (`netN`, `mpN`): ones it does not
+    /// list are removed.
+    fn owned_extra<'a>(&self, found: &'a PveContainerFact) -> Vec<(&'a str, &'a str)> {
+        found
+            .config
+            .iter()
+            .filter(|(k, _)| {
+                (pve::options::indexed(k, "net") || pve::options::indexed(k, "mp"))
+                    && self.get(k).is_none()
+                    && !found.pending_delete.contains(k)
+            })
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+
+    /// The in-place delta against `found`, or a replace when a create-only key changed.
+    pub fn update_delta(&self, found: &PveContainerFact) -> Option<Delta> {
+        let replace = self.create_only_changes(found);
+        if !replace.is_empty() {
+            let mut d = Delta::new(Action::Replace).reason(
+                "a create-only setting changed: apply destroys and recreates the container only with --allow-replace (host bind-mounted data is kept, the container's own volumes are not)",
+            );
+            d.attributes = replace;
+            return Some(d);
+        }
+        let mut d = Delta::new(Action::Update);
+        let (mut live, mut later, mut queued) = (Vec::new(), Vec::new(), Vec::new());
+        for (k, want) in &self.config {
+            if CREATE_ONLY.contains(&k.as_str()) {
+                continue;
+            }
+            let have = found.current(k);
+            let pending = found.pending.get(k).map(String::as_str);
+            let deleting = found.pending_delete.contains(k);
+            if same(k, want, have) && pending.is_none_or(|p| same(k, want, Some(p))) && !deleting {
+                continue;
+            }
+            if pending.is_some_and(|p| same(k, want, Some(p))) {
+                queued.push(k.clone());
+                continue;
+            }
+            if k == "rootfs" {
+                d = d.reason(
+                    "the root filesystem's size differs: growing it (`resize`) is not built yet",
+                );
+            }
+            if !found.running || applies_live(k) {
+                live.push(k.clone());
+            } else {
+                later.push(k.clone());
+            }
+            d = d.attr(Attribute::change(
+                k,
+                pending.or(have).map(str::to_string),
+                Some(want.clone()),
+            ));
+        }
+        for (k, v) in self.owned_extra(found) {
+            if !found.running || applies_live(k) {
+                live.push(k.to_string());
+            } else {
+                later.push(k.to_string());
+            }
+            d = d.attr(Attribute::change(k, Some(v.to_string()), None));
+        }
+        if !live.is_empty() && found.running {
+            d = d.reason(format!("applies live: {}", live.join(", ")));
+        }
+        let waiting: Vec<String> = later.iter().chain(&queued).cloned().collect();
+        if found.running && !waiting.is_empty() {
+            match self.restart {
+                RestartPolicy::Allowed => {
+                    d = d
+                        .attr(Attribute::change(
+                            "restart",
+                            None,
+                            Some("reboot to apply pending changes".into()),
+                        ))
+                        .reason(format!(
+                            "pending until restart: {}; `restart: allowed`, so apply reboots the container",
+                            waiting.join(", ")
+                        ));
+                }
+                RestartPolicy::Never if !later.is_empty() => {
+                    d = d.reason(format!(
+                        "pending until restart: {}; `restart: never`, so they wait for the next restart",
+                        later.join(", ")
+                    ));
+                }
+                RestartPolicy::Never => {}
+            }
+        }
+        if !found.running {
+            d = d.attr(Attribute::change(
+                "status",
+                Some("stopped".into()),
+                Some("running".into()),
+            ));
+        }
+        (!d.attributes.is_empty()).then_some(d)
+    }
+
+    /// The whole create, attribute by attribute.
+    pub fn create_delta(&self) -> Delta {
+        let mut d = Delta::new(Action::Create);
+        for (k, v) in &self.config {
+            d = d.attr(Attribute::new(k, v.clone()));
+        }
+        if !self.ssh_public_keys.is_empty() {
+            let summary: Vec<String> = self
+                .ssh_public_keys
+                .iter()
+                .map(|k| key_summary(k))
                 .collect();
-            parts.sort_unstable();
-            parts.join(",")
-        };
-        return strip(want) == strip(have);
+            d = d.attr(Attribute::new("ssh-public-keys", summary.join(", ")));
+        }
+        d.attr(Attribute::new("status", "running"))
     }
-    if key == "rootfs" {
-        let want_size = want.split_once(':').map(|(_, s)| format!("size={s}G"));
-        return want_size.is_some_and(|s| have.split(',').any(|p| p == s));
-    }
-    want == have
 }
 
 impl Resource for ContainerSpec {
@@ -123,36 +312,28 @@ impl Resource for ContainerSpec {
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let Some(found) = facts.pve_container(&self.probes()[0])? else {
-            let mut d = Delta::new(Action::Create);
-            for (k, v) in &self.config {
-                d = d.attr(Attribute::new(k, v.clone()));
+        Ok(match facts.pve_container(&self.probes()[0])? {
+            None => Some(self.create_delta()),
+            Some(found) => {
+                let adopted = marker_template(found).is_none();
+                self.update_delta(found).map(|d| {
+                    if adopted {
+                        d.reason(format!(
+                            "CT {} was not created by provision: adopted, changed in place, never recreated for its template",
+                            self.vmid
+                        ))
+                    } else {
+                        d
+                    }
+                })
             }
-            if !self.ssh_public_keys.is_empty() {
-                let summary: Vec<String> = self
-                    .ssh_public_keys
-                    .iter()
-                    .map(|k| key_summary(k))
-                    .collect();
-                d = d.attr(Attribute::new("ssh-public-keys", summary.join(", ")));
-            }
-            return Ok(Some(d));
-        };
-        let mut d = Delta::new(Action::Update);
-        for (k, want) in &self.config {
-            if CREATE_ONLY.contains(&k.as_str()) {
-                continue;
-            }
-            let have = found.iter().find(|(fk, _)| fk == k).map(|(_, v)| v.clone());
-            if !have.as_deref().is_some_and(|h| same_value(k, want, h)) {
-                d = d.attr(Attribute::change(k, have, Some(want.clone())));
-            }
-        }
-        Ok((!d.attributes.is_empty()).then_some(d))
+        })
     }
 
     fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
-        Err("creating and changing containers through the Proxmox API is not built yet".into())
+        // A container is changed through its node's API (`crate::proxmox::container`), not
+        // by steps on a guest.
+        Err("a container's config is applied through the Proxmox API, not by guest steps".into())
     }
 }
 
@@ -177,24 +358,94 @@ fn key_summary(key: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::same_value;
+    use super::*;
+
+    fn spec() -> ContainerSpec {
+        ContainerSpec {
+            vmid: 129,
+            pve_node: "pve".into(),
+            config: vec![
+                ("ostemplate".into(), "local:vztmpl/debian.tar.zst".into()),
+                ("hostname".into(), "llm".into()),
+                ("memory".into(), "2048".into()),
+                ("rootfs".into(), "local:8".into()),
+                ("unprivileged".into(), "1".into()),
+                (
+                    "net0".into(),
+                    "name=eth0,bridge=vmbr0,ip=10.0.0.2/24,firewall=0".into(),
+                ),
+                ("mp0".into(), "/srv/data,mp=/shared,backup=0".into()),
+                ("tags".into(), "gpu;llm".into()),
+            ],
+            ssh_public_keys: vec![],
+            restart: RestartPolicy::Never,
+        }
+    }
+
+    fn found(running: bool) -> PveContainerFact {
+        PveContainerFact {
+            config: vec![
+                (
+                    "description".into(),
+                    marker_description("local:vztmpl/debian.tar.zst"),
+                ),
+                ("hostname".into(), "llm".into()),
+                ("memory".into(), "2048".into()),
+                (
+                    "rootfs".into(),
+                    "local:129/vm-129-disk-0.raw,size=8G".into(),
+                ),
+                ("unprivileged".into(), "1".into()),
+                (
+                    "net0".into(),
+                    "name=eth0,bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=10.0.0.2/24,type=veth"
+                        .into(),
+                ),
+                ("mp0".into(), "/srv/data,mp=/shared".into()),
+                ("tags".into(), "gpu;llm".into()),
+            ],
+            running,
+            ..Default::default()
+        }
+    }
 
     #[test]
-    fn proxmox_additions_are_not_drift() {
-        assert!(same_value(
-            "net0",
-            "name=eth0,bridge=vmbr0,ip=10.0.0.2/24",
-            "bridge=vmbr0,hwaddr=BC:24:11:00:00:01,ip=10.0.0.2/24,name=eth0,type=veth"
-        ));
-        assert!(same_value(
-            "rootfs",
-            "local-zfs:200",
-            "local-zfs:subvol-129-disk-0,size=200G"
-        ));
-        assert!(!same_value(
-            "rootfs",
-            "local-zfs:200",
-            "local-zfs:subvol-129-disk-0,size=100G"
-        ));
+    fn converged_container_has_no_delta() {
+        assert_eq!(spec().update_delta(&found(true)), None);
+    }
+
+    #[test]
+    fn pending_changes_wait_or_restart() {
+        let mut s = spec();
+        s.config.push(("mp1".into(), "/srv/more,mp=/more".into()));
+        let d = s.update_delta(&found(true)).unwrap();
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.contains("pending until restart: mp1"))
+        );
+        // Once queued, `restart: never` leaves it there without a change.
+        let mut f = found(true);
+        f.pending.insert("mp1".into(), "/srv/more,mp=/more".into());
+        assert_eq!(s.update_delta(&f), None);
+        s.restart = RestartPolicy::Allowed;
+        let d = s.update_delta(&f).unwrap();
+        assert_eq!(d.attributes[0].name, "restart");
+    }
+
+    #[test]
+    fn create_only_change_is_a_replace_and_stopped_is_started() {
+        let mut s = spec();
+        s.config[0].1 = "local:vztmpl/ubuntu.tar.zst".into();
+        assert_eq!(
+            s.update_delta(&found(true)).unwrap().action,
+            Action::Replace
+        );
+        let d = spec().update_delta(&found(false)).unwrap();
+        assert_eq!(d.attributes[0].name, "status");
+        let mut f = found(true);
+        f.config.push(("mp3".into(), "/x,mp=/y".into()));
+        let d = spec().update_delta(&f).unwrap();
+        assert_eq!(d.attributes[0].after, None);
     }
 }

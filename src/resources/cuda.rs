@@ -35,10 +35,21 @@ impl Resource for CudaSpec {
         }]
     }
 
+    /// The declared release is what the toolkit's compiler reports, and what its
+    /// `version.json` records where the toolkit ships one (CUDA 11.1 and later do): a
+    /// `version.json` of another release means a half-replaced toolkit, which is drift too.
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
         let found = facts.cuda(&self.probes()[0])?;
         let release = found.and_then(|f| f.nvcc_release.clone());
-        if release.as_deref() == Some(self.version.as_str()) {
+        let recorded = found.and_then(|f| f.version_json.clone());
+        let recorded_release = recorded
+            .as_deref()
+            .map(|v| v.split('.').take(2).collect::<Vec<_>>().join("."));
+        let nvcc_ok = release.as_deref() == Some(self.version.as_str());
+        let json_ok = recorded_release
+            .as_deref()
+            .is_none_or(|r| r == self.version.as_str());
+        if nvcc_ok && json_ok {
             return Ok(None);
         }
         let action = if found.is_none() {
@@ -46,14 +57,23 @@ impl Resource for CudaSpec {
         } else {
             Action::Update
         };
+        let mut d = Delta::new(action);
+        if !nvcc_ok {
+            d = d.attr(Attribute::change(
+                "release",
+                release,
+                Some(self.version.clone()),
+            ));
+        }
+        if !json_ok {
+            d = d.attr(Attribute::change(
+                "version.json",
+                recorded,
+                Some(format!("{}.*", self.version)),
+            ));
+        }
         Ok(Some(
-            Delta::new(action)
-                .attr(Attribute::change(
-                    "release",
-                    release,
-                    Some(self.version.clone()),
-                ))
-                .attr(Attribute::new("package", self.package.clone())),
+            d.attr(Attribute::new("package", self.package.clone())),
         ))
     }
 
@@ -61,5 +81,47 @@ impl Resource for CudaSpec {
         // The toolkit comes from its package (an apt resource before this one); what is
         // left is to check, which the verification after apply does.
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::engine::facts::{CudaFact, Fact};
+
+    fn diff(nvcc: Option<&str>, json: Option<&str>) -> Option<Delta> {
+        let spec = CudaSpec {
+            home: "/usr/local/cuda-13.0".into(),
+            version: "13.0".into(),
+            package: "cuda-toolkit-13-0".into(),
+        };
+        let facts = Facts::Read(HashMap::from([(
+            spec.probes()[0].clone(),
+            Fact::Cuda(Some(CudaFact {
+                nvcc_release: nvcc.map(str::to_string),
+                version_json: json.map(str::to_string),
+            })),
+        )]));
+        spec.diff(&facts).unwrap()
+    }
+
+    #[test]
+    fn nvcc_and_version_json_must_both_say_the_release() {
+        assert_eq!(diff(Some("13.0"), Some("13.0.88")), None);
+        assert_eq!(
+            diff(Some("13.0"), None),
+            None,
+            "older toolkits have no version.json"
+        );
+        let d = diff(Some("13.0"), Some("12.8.93")).unwrap();
+        assert_eq!(d.attributes[0].name, "version.json");
+        assert_eq!(d.attributes[0].before.as_deref(), Some("12.8.93"));
+        let d = diff(Some("12.8"), Some("13.0.88")).unwrap();
+        assert_eq!(d.attributes[0].name, "release");
+        assert_eq!(d.attributes.len(), 2, "release and package");
+        // 13.0 must not be satisfied by 13.01 or 130.
+        assert!(diff(Some("13.0"), Some("13.01.1")).is_some());
     }
 }

@@ -50,6 +50,14 @@ impl Resource for GitCheckoutSpec {
                 Some(self.revision.clone()),
             ));
         }
+        // A checkout whose origin points elsewhere fetches from elsewhere: the step resets it.
+        if found.origin.as_deref() != Some(self.repo.as_str()) {
+            d = d.attr(Attribute::change(
+                "origin",
+                found.origin.clone(),
+                Some(self.repo.clone()),
+            ));
+        }
         if found.dirty {
             d = d.reason("the checkout has local changes; they will be discarded");
             if d.attributes.is_empty() {

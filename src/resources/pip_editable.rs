@@ -1,10 +1,12 @@
 //! A source folder installed editable (`pip install -e`) into a venv, e.g. SGLang from its
 //! checkout.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
+use crate::agent::steps::{PipIndex, Step};
 use crate::engine::facts::{Facts, NotRead, Probe};
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
@@ -22,15 +24,9 @@ pub struct PipEditableSpec {
     /// Extras, e.g. `all`.
     #[serde(default)]
     pub extras: Vec<String>,
-    /// `--index-url` for its dependencies.
-    #[serde(default)]
-    pub index_url: Option<String>,
-    /// `--extra-index-url`s.
-    #[serde(default)]
-    pub extra_index_urls: Vec<String>,
-    /// `--no-index --find-links` folder on the target.
-    #[serde(default)]
-    pub wheelhouse: Option<String>,
+    /// Where pip finds its dependencies.
+    #[serde(flatten)]
+    pub index: PipIndex,
 }
 
 impl Resource for PipEditableSpec {
@@ -53,7 +49,11 @@ impl Resource for PipEditableSpec {
         let found = facts
             .venv(&self.probes()[0])?
             .and_then(|v| v.editable.get(&name).cloned());
-        if found.as_deref() == Some(self.source.as_str()) {
+        // As paths, so `/src/` and `/src` (or `//src`) are one folder.
+        if found
+            .as_deref()
+            .is_some_and(|f| Path::new(f) == Path::new(&self.source))
+        {
             return Ok(None);
         }
         let action = if found.is_some() {
@@ -82,9 +82,51 @@ impl Resource for PipEditableSpec {
             venv: self.venv.clone(),
             requirements: vec![source],
             editable: true,
-            index_url: self.index_url.clone(),
-            extra_index_urls: self.extra_index_urls.clone(),
-            wheelhouse: self.wheelhouse.clone(),
+            index: self.index.clone(),
         }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::engine::facts::{Fact, VenvFact};
+
+    fn diff(installed_from: Option<&str>) -> Option<Delta> {
+        let spec: PipEditableSpec = serde_json::from_value(serde_json::json!({
+            "venv": "/opt/env",
+            "package": "SGLang",
+            "source": "/root/sglang main/python",
+            "extras": [],
+            "index_url": null,
+            "extra_index_urls": [],
+            "wheelhouse": null,
+        }))
+        .unwrap();
+        let venv = VenvFact {
+            python: "3.12".into(),
+            packages: BTreeMap::new(),
+            editable: installed_from
+                .map(|f| ("sglang".to_string(), f.to_string()))
+                .into_iter()
+                .collect(),
+        };
+        let facts = Facts::Read(HashMap::from([(
+            spec.probes()[0].clone(),
+            Fact::Venv(Some(venv)),
+        )]));
+        spec.diff(&facts).unwrap()
+    }
+
+    #[test]
+    fn the_source_is_compared_as_a_folder() {
+        assert_eq!(diff(Some("/root/sglang main/python")), None);
+        assert_eq!(diff(Some("/root/sglang main/python/")), None);
+        assert_eq!(diff(Some("/root//sglang main/python")), None);
+        let d = diff(Some("/root/other/python")).unwrap();
+        assert_eq!(d.action, Action::Update);
+        assert_eq!(diff(None).unwrap().action, Action::Create);
     }
 }

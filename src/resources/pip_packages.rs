@@ -1,44 +1,148 @@
-//! Pinned packages in a venv, from an index or a local wheelhouse. Drift is read from what
-//! is installed (the venv's distributions), never from a marker file.
+//! Packages in a venv, from an index or a local wheelhouse. Drift is read from what is
+//! installed (the venv's distributions), never from a marker file, and compared as pip
+//! compares: PEP 440 version specifiers, so `torch==2.9.1` is satisfied by the
+//! `2.9.1+cu130` that PyTorch's CUDA index installs.
 
+use std::fmt;
+use std::str::FromStr;
+
+use pep440_rs::{Operator, Version, VersionSpecifiers};
+use pep508_rs::{PackageName, VersionOrUrl};
 use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
-use crate::agent::steps::Step;
+use crate::agent::steps::{PipIndex, Step};
 use crate::engine::facts::{Facts, NotRead, Probe};
-use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
-/// Pinned packages' desired state.
+/// Packages' desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipPackagesSpec {
     /// The venv's folder.
     pub venv: String,
-    /// `name==version` requirements.
-    pub packages: Vec<String>,
-    /// `--index-url`.
-    #[serde(default)]
-    pub index_url: Option<String>,
-    /// `--extra-index-url`s.
-    #[serde(default)]
-    pub extra_index_urls: Vec<String>,
-    /// `--no-index --find-links` folder on the target.
-    #[serde(default)]
-    pub wheelhouse: Option<String>,
+    /// PEP 508 requirements: `name==version`, or a range such as `name~=1.4`.
+    pub packages: Vec<PipRequirement>,
+    /// Where pip finds them.
+    #[serde(flatten)]
+    pub index: PipIndex,
 }
 
-impl PipPackagesSpec {
-    /// `(normalised name, version)` of each requirement.
-    pub fn pins(&self) -> Vec<(String, String)> {
-        self.packages
-            .iter()
-            .filter_map(|p| p.split_once("=="))
-            .map(|(n, v)| {
-                let base = n.split('[').next().unwrap_or(n);
-                (normalize_package_name(base), v.to_string())
-            })
-            .collect()
+/// A requirement pip can take and provision can check against what is installed: a name,
+/// extras, PEP 440 version specifiers. Kept as written, for pip and for plans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PipRequirement {
+    text: String,
+    name: PackageName,
+    specifiers: VersionSpecifiers,
+}
+
+/// A requirement that provision cannot check.
+#[derive(Debug, thiserror::Error)]
+pub enum RequirementError {
+    /// Not PEP 508.
+    #[error("`{text}` is not a PEP 508 requirement: {reason}")]
+    Syntax {
+        /// As written.
+        text: String,
+        /// The parser's words.
+        reason: String,
+    },
+    /// A URL or a marker: what is installed cannot be compared with it.
+    #[error(
+        "`{text}`: {what} cannot be compared with what is installed; give a name with version specifiers, e.g. `torch==2.9.1`"
+    )]
+    Unsupported {
+        /// As written.
+        text: String,
+        /// A URL or a marker.
+        what: &'static str,
+    },
+}
+
+impl FromStr for PipRequirement {
+    type Err = RequirementError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let req =
+            pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(text).map_err(|e| {
+                RequirementError::Syntax {
+                    text: text.to_string(),
+                    reason: e.message.to_string(),
+                }
+            })?;
+        let unsupported = |what| RequirementError::Unsupported {
+            text: text.to_string(),
+            what,
+        };
+        if !req.marker.is_true() {
+            return Err(unsupported("an environment marker"));
+        }
+        let specifiers = match req.version_or_url {
+            None => VersionSpecifiers::empty(),
+            Some(VersionOrUrl::VersionSpecifier(s)) => s,
+            Some(VersionOrUrl::Url(_)) => return Err(unsupported("a URL")),
+        };
+        Ok(PipRequirement {
+            text: text.to_string(),
+            name: req.name,
+            specifiers,
+        })
+    }
+}
+
+impl TryFrom<String> for PipRequirement {
+    type Error = RequirementError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<PipRequirement> for String {
+    fn from(r: PipRequirement) -> String {
+        r.text
+    }
+}
+
+impl fmt::Display for PipRequirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PipRequirement {
+    /// The normalised distribution name (PEP 503), as the venv probe keys it.
+    pub fn name(&self) -> &str {
+        self.name.as_ref()
+    }
+
+    /// Whether `installed` (a distribution's `Version:`) satisfies every specifier, by
+    /// PEP 440: a local label is ignored unless the specifier names one (`==2.9.1` matches
+    /// `2.9.1+cu130`), `===` is string equality. A version PEP 440 cannot read satisfies
+    /// only a bare name or `===` of itself.
+    pub fn satisfied_by(&self, installed: &str) -> bool {
+        let installed = installed.trim();
+        let version = Version::from_str(installed).ok();
+        self.specifiers.iter().all(|s| {
+            #[allow(deprecated)] // `===` is discouraged by PEP 440, not removed.
+            let exact = *s.operator() == Operator::ExactEqual;
+            if exact {
+                installed.eq_ignore_ascii_case(&s.version().to_string())
+            } else {
+                version.as_ref().is_some_and(|v| s.contains(v))
+            }
+        })
+    }
+
+    /// What the plan shows as wanted: the version of a plain `==` pin, else the specifiers.
+    pub fn wanted(&self) -> String {
+        match self.specifiers.iter().collect::<Vec<_>>().as_slice() {
+            [] => "installed".to_string(),
+            [one] if *one.operator() == Operator::Equal => one.version().to_string(),
+            _ => self.specifiers.to_string(),
+        }
     }
 }
 
@@ -64,13 +168,13 @@ impl Resource for PipPackagesSpec {
         } else {
             Action::Create
         });
-        for (name, want) in self.pins() {
-            let have = found.and_then(|v| v.packages.get(&name).cloned());
-            if have.as_deref() != Some(want.as_str()) {
-                d = d.attr(Attribute::change(&name, have, Some(want)));
+        for req in &self.packages {
+            let have = found.and_then(|v| v.packages.get(req.name()).cloned());
+            if !have.as_deref().is_some_and(|h| req.satisfied_by(h)) {
+                d = d.attr(Attribute::change(req.name(), have, Some(req.wanted())));
             }
         }
-        if let Some(src) = self.wheelhouse.as_ref().or(self.index_url.as_ref())
+        if let Some(src) = self.index.source()
             && !d.attributes.is_empty()
         {
             d = d.reason(format!("installed from {src}"));
@@ -81,11 +185,174 @@ impl Resource for PipPackagesSpec {
     fn steps(&self, _: &Change) -> Result<Vec<Step>, String> {
         Ok(vec![Step::PipInstall {
             venv: self.venv.clone(),
-            requirements: self.packages.clone(),
+            requirements: self.packages.iter().map(ToString::to_string).collect(),
             editable: false,
-            index_url: self.index_url.clone(),
-            extra_index_urls: self.extra_index_urls.clone(),
-            wheelhouse: self.wheelhouse.clone(),
+            index: self.index.clone(),
         }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+    use crate::engine::facts::{Fact, VenvFact};
+
+    fn req(s: &str) -> PipRequirement {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_pin_without_a_local_label_matches_any_local_build() {
+        let r = req("torch==2.9.1");
+        assert!(r.satisfied_by("2.9.1+cu130"));
+        assert!(r.satisfied_by("2.9.1"));
+        assert!(
+            r.satisfied_by("2.9.1.0"),
+            "PEP 440 pads releases with zeros"
+        );
+        assert!(!r.satisfied_by("2.9.10"));
+        assert!(!r.satisfied_by("2.9.1rc1"));
+        assert!(!r.satisfied_by("2.9.1.post1"));
+        assert_eq!(r.wanted(), "2.9.1");
+    }
+
+    #[test]
+    fn a_pin_with_a_local_label_needs_that_label() {
+        let r = req("torch==2.9.1+cu130");
+        assert!(r.satisfied_by("2.9.1+cu130"));
+        assert!(!r.satisfied_by("2.9.1+cu128"));
+        assert!(!r.satisfied_by("2.9.1"));
+    }
+
+    #[test]
+    fn ranges_compatible_releases_and_exclusions() {
+        let r = req("demo-range>=2.0,<3");
+        assert!(r.satisfied_by("2.0"));
+        assert!(r.satisfied_by("2.5+cu130"));
+        assert!(!r.satisfied_by("3.0"));
+        assert!(!r.satisfied_by("1.9"));
+        assert_eq!(r.wanted(), ">=2.0, <3");
+        let r = req("numpy~=1.26.0");
+        assert!(r.satisfied_by("1.26.4"));
+        assert!(!r.satisfied_by("1.27.0"));
+        let r = req("x!=1.5");
+        assert!(r.satisfied_by("1.4"));
+        assert!(!r.satisfied_by("1.5+local"));
+        let r = req("x==1.*");
+        assert!(r.satisfied_by("1.9"));
+        assert!(!r.satisfied_by("2.0"));
+    }
+
+    #[test]
+    fn arbitrary_equality_is_string_equality() {
+        let r = req("x===1.0");
+        assert!(r.satisfied_by("1.0"));
+        assert!(!r.satisfied_by("1.0+cu130"));
+        assert!(!r.satisfied_by("1.0.0"));
+    }
+
+    #[test]
+    fn names_are_normalised_and_extras_allowed() {
+        let r = req("Flash_Attn.X[all] == 2.0");
+        assert_eq!(r.name(), "flash-attn-x");
+        assert!(r.satisfied_by("2.0"));
+        assert_eq!(r.to_string(), "Flash_Attn.X[all] == 2.0");
+        assert!(req("anything").satisfied_by("0.1"));
+        assert!(
+            req("anything").satisfied_by("not a version"),
+            "a bare name asks no version"
+        );
+        assert!(!req("anything>=0").satisfied_by("not a version"));
+    }
+
+    #[test]
+    fn urls_markers_and_garbage_are_refused_clearly() {
+        let e = "x @ https://example.invalid/x.whl"
+            .parse::<PipRequirement>()
+            .unwrap_err();
+        assert!(e.to_string().contains("a URL cannot be compared"), "{e}");
+        let e = "x==1; python_version < '3.9'"
+            .parse::<PipRequirement>()
+            .unwrap_err();
+        assert!(e.to_string().contains("marker"), "{e}");
+        let e = "x==".parse::<PipRequirement>().unwrap_err();
+        assert!(e.to_string().contains("not a PEP 508 requirement"), "{e}");
+    }
+
+    fn spec(packages: &[&str]) -> PipPackagesSpec {
+        serde_json::from_value(serde_json::json!({
+            "venv": "/opt/env",
+            "packages": packages,
+            "extra_index_urls": ["https://index.example.invalid/cu130"],
+        }))
+        .unwrap()
+    }
+
+    fn installed(pkgs: &[(&str, &str)]) -> Facts {
+        let venv = VenvFact {
+            python: "3.11".into(),
+            packages: pkgs
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            editable: BTreeMap::new(),
+        };
+        Facts::Read(HashMap::from([(
+            Probe::Venv {
+                path: "/opt/env".into(),
+            },
+            Fact::Venv(Some(venv)),
+        )]))
+    }
+
+    #[test]
+    fn diff_is_empty_when_every_installed_version_satisfies() {
+        let s = spec(&["torch==2.9.1", "demo-range>=2.0,<3"]);
+        let facts = installed(&[("torch", "2.9.1+cu130"), ("demo-range", "2.1")]);
+        assert_eq!(s.diff(&facts).unwrap(), None);
+        let facts = installed(&[("torch", "2.9.0+cu130"), ("demo-range", "3.0")]);
+        let d = s.diff(&facts).unwrap().unwrap();
+        let shown: Vec<_> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.clone(), a.before.clone(), a.after.clone()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (
+                    "torch".into(),
+                    Some("2.9.0+cu130".into()),
+                    Some("2.9.1".into())
+                ),
+                (
+                    "demo-range".into(),
+                    Some("3.0".into()),
+                    Some(">=2.0, <3".into())
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_plan_json_keeps_its_shape() {
+        let s = spec(&["torch==2.9.1"]);
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({
+                "venv": "/opt/env",
+                "packages": ["torch==2.9.1"],
+                "index_url": null,
+                "extra_index_urls": ["https://index.example.invalid/cu130"],
+                "wheelhouse": null,
+            })
+        );
+        let e = serde_json::from_value::<PipPackagesSpec>(serde_json::json!({
+            "venv": "/v", "packages": [], "index": "x"
+        }))
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field `index`"), "{e}");
     }
 }

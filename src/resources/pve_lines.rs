@@ -53,7 +53,7 @@ impl Resource for PveLinesSpec {
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
         let found = facts
             .pve_container(&self.probes()[0])?
-            .cloned()
+            .map(|f| f.config.clone())
             .unwrap_or_default();
         let want = self.pairs();
         let mut d = Delta::new(Action::Update);

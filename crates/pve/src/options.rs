@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::config::split_list;
+use crate::config::split_list;
 
 const INTEGER: &[&str] = &["cores", "cpuunits", "memory", "swap", "tty"];
 const BOOLEAN: &[&str] = &[

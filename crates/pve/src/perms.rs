@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::error::{ApiError, ApiResult};
-use crate::pve::options::{MountKind, indexed, is_mount_key};
-use crate::pve::propstr;
+use crate::options::{MountKind, indexed, is_mount_key};
+use crate::propstr;
 
 /// The authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,18 @@
+//! Proxmox VE in one place, for provision and for the lab that stands in for a node:
+//! container configs and their sections, property strings, option types and what Proxmox
+//! rewrites in them, UPIDs, the root@pam-only rules, errors as a node reports them, and the
+//! one API client (TLS pinned as Proxmox's own client pins) both use.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod normalize;
+pub mod options;
+pub mod perms;
+pub mod propstr;
+pub mod tls;
+pub mod upid;
+
+pub use client::{Auth, Client, RetryPolicy};
+pub use error::{ApiError, ApiResult};
+pub use tls::{Trust, fingerprint};

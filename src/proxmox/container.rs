@@ -1,0 +1,451 @@
+//! A container through its node's API: read (list, config, pending: 3 calls, plus `/version`
+//! once per node) and write (create, `PUT config` guarded by `digest`, start, reboot,
+//! destroy for an allowed replace). Every write is read back and compared again.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::client::NodeApi;
+use super::error::ProxmoxError;
+use super::tasks::follow;
+use crate::engine::facts::PveContainerFact;
+use crate::plan::Action;
+use crate::resources::Delta;
+use crate::resources::container::{
+    ContainerSpec, RestartPolicy, marker_description, marker_template,
+};
+
+/// How long a create (template unpack) or a power task may take.
+const TASK_LIMIT: Duration = Duration::from_secs(600);
+
+/// How often a write whose config changed underneath is re-read and re-planned.
+const REPLAN_ATTEMPTS: usize = 3;
+
+/// Why a container change failed or was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    /// The API failed.
+    #[error(transparent)]
+    Api(#[from] ProxmoxError),
+    /// The vmid is held by a container with another name.
+    #[error(
+        "CT {vmid} on node `{node}` is `{found}`, not `{wanted}`: the vmid is taken by another container\nhint: pick a free vmid for `{wanted}`, or set its hostname to `{found}` to adopt that container"
+    )]
+    VmidTaken {
+        /// The vmid.
+        vmid: u64,
+        /// The node.
+        node: String,
+        /// Hostname found.
+        found: String,
+        /// Hostname wanted.
+        wanted: String,
+    },
+    /// The change needs root@pam and the node is reached with a token.
+    #[error(
+        "CT {vmid} on node `{node}`: {reason}\nhint: API tokens (even root's) may not do this; reference root@pam's password in the node's `api:` (`password: {{ env: PVE_ROOT_PASSWORD }}`) so provision logs in with a ticket"
+    )]
+    RootOnly {
+        /// The vmid.
+        vmid: u64,
+        /// The node.
+        node: String,
+        /// Proxmox's reason.
+        reason: String,
+    },
+    /// A create that failed left its locked config behind.
+    #[error(
+        "CT {vmid} on node `{node}` is locked by a failed create (`lock: create`)\nhint: remove what is left with `pct destroy {vmid}` on the node, then apply again"
+    )]
+    FailedCreate {
+        /// The vmid.
+        vmid: u64,
+        /// The node.
+        node: String,
+    },
+    /// A replace was planned but not allowed.
+    #[error(
+        "CT {0} must be replaced (a create-only setting changed) and --allow-replace was not given; nothing was changed\nhint: the container's own volumes are destroyed, host bind mounts are kept; run `provision apply --allow-replace` to go ahead"
+    )]
+    ReplaceRefused(u64),
+    /// After the write the container still differs.
+    #[error("CT {vmid} still differs after apply: {what}")]
+    NotConverged {
+        /// The vmid.
+        vmid: u64,
+        /// What still differs.
+        what: String,
+    },
+    /// The change cannot be made through the API (yet).
+    #[error("CT {vmid}: {what}")]
+    Unsupported {
+        /// The vmid.
+        vmid: u64,
+        /// What.
+        what: String,
+    },
+}
+
+/// The node's containers (`GET /nodes/{node}/lxc`): vmid → (name, running). One call serves
+/// every container of the node.
+pub fn list(api: &NodeApi) -> Result<BTreeMap<u64, (String, bool)>, ProxmoxError> {
+    let data = api.call("GET", &api.node_path("/lxc"), &[])?;
+    let mut out = BTreeMap::new();
+    for ct in data.as_array().into_iter().flatten() {
+        let vmid = match &ct["vmid"] {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        };
+        if let Some(vmid) = vmid {
+            let name = ct["name"].as_str().unwrap_or("").to_string();
+            out.insert(vmid, (name, ct["status"] == "running"));
+        }
+    }
+    Ok(out)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => if *b { "1" } else { "0" }.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Reads one container that `list` says exists: its config (digest, raw `lxc.*` lines) and
+/// its pending values.
+pub fn read(api: &NodeApi, vmid: u64, running: bool) -> Result<PveContainerFact, ProxmoxError> {
+    let base = api.node_path(&format!("/lxc/{vmid}"));
+    let conf = api.call("GET", &format!("{base}/config"), &[("current", "1")])?;
+    let pending = api.call("GET", &format!("{base}/pending"), &[])?;
+    let mut fact = PveContainerFact {
+        running,
+        digest: conf["digest"].as_str().unwrap_or("").to_string(),
+        ..Default::default()
+    };
+    if let Some(obj) = conf.as_object() {
+        for (k, v) in obj {
+            if k != "digest" && k != "lxc" {
+                fact.config.push((k.clone(), text(v)));
+            }
+        }
+        for pair in obj
+            .get("lxc")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(k), Some(v)) = (pair[0].as_str(), pair[1].as_str()) {
+                fact.config.push((k.to_string(), v.to_string()));
+            }
+        }
+    }
+    for item in pending.as_array().into_iter().flatten() {
+        let Some(key) = item["key"].as_str() else {
+            continue;
+        };
+        if let Some(p) = item.get("pending") {
+            fact.pending.insert(key.to_string(), text(p));
+        }
+        if item.get("delete").is_some_and(|d| text(d) != "0") {
+            fact.pending_delete.push(key.to_string());
+        }
+    }
+    Ok(fact)
+}
+
+/// Reads the container `spec` wants: `None` when its vmid is free; an error when another
+/// container (by hostname) holds it, unless provision created it (then the name changes).
+pub fn read_for(
+    api: &NodeApi,
+    spec: &ContainerSpec,
+    listing: &BTreeMap<u64, (String, bool)>,
+) -> Result<Option<PveContainerFact>, ContainerError> {
+    let Some((name, running)) = listing.get(&spec.vmid) else {
+        if !api.ticket {
+            root_only(api, spec, None)?;
+        }
+        return Ok(None);
+    };
+    let fact = read(api, spec.vmid, *running)?;
+    if fact.current("lock") == Some("create") {
+        return Err(ContainerError::FailedCreate {
+            vmid: spec.vmid,
+            node: api.label.clone(),
+        });
+    }
+    let wanted = spec.get("hostname").unwrap_or_default();
+    if name != wanted && marker_template(&fact).is_none() {
+        return Err(ContainerError::VmidTaken {
+            vmid: spec.vmid,
+            node: api.label.clone(),
+            found: name.clone(),
+            wanted: wanted.to_string(),
+        });
+    }
+    if !api.ticket {
+        root_only(api, spec, Some(&fact))?;
+    }
+    Ok(Some(fact))
+}
+
+/// Refuses, before anything changes, what only root@pam may write (bind mounts, device
+/// passthrough, features other than nesting), by Proxmox's own rules (`pve::perms`).
+fn root_only(
+    api: &NodeApi,
+    spec: &ContainerSpec,
+    found: Option<&PveContainerFact>,
+) -> Result<(), ContainerError> {
+    let delta = match found {
+        None => Some(spec.create_delta()),
+        Some(f) => spec.update_delta(f),
+    };
+    let Some(delta) = delta else {
+        return Ok(());
+    };
+    let mut newconf = BTreeMap::new();
+    let mut delete = Vec::new();
+    for a in &delta.attributes {
+        if let Some((k, _)) = spec.config.iter().find(|(k, _)| *k == a.name) {
+            match &a.after {
+                Some(v) => {
+                    newconf.insert(k.clone(), v.clone());
+                }
+                None => delete.push(k.clone()),
+            }
+        }
+    }
+    let old: Option<BTreeMap<String, String>> = found.map(|f| f.config.iter().cloned().collect());
+    let token = pve::perms::AuthUser {
+        userid: "root@pam".into(),
+        token: Some("provision".into()),
+    };
+    let unprivileged = spec.get("unprivileged") != Some("0");
+    pve::perms::check_modify(
+        &token,
+        spec.vmid as u32,
+        old.as_ref(),
+        &newconf,
+        &delete,
+        unprivileged,
+    )
+    .map_err(|e| ContainerError::RootOnly {
+        vmid: spec.vmid,
+        node: api.label.clone(),
+        reason: e.message,
+    })
+}
+
+/// What one write did, for the apply log.
+pub type Done = Vec<String>;
+
+/// Carries out `planned` for `spec`: create, replace (only when `allow_replace`), or update
+/// in place. Reads the container again first: a config that changed since the plan is planned
+/// again, never overwritten; the end state is read back and must match.
+pub fn apply(
+    api: &NodeApi,
+    spec: &ContainerSpec,
+    planned: Action,
+    allow_replace: bool,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    if planned == Action::Replace && !allow_replace {
+        return Err(ContainerError::ReplaceRefused(spec.vmid));
+    }
+    for _ in 0..REPLAN_ATTEMPTS {
+        let listing = list(api)?;
+        let found = read_for(api, spec, &listing)?;
+        let delta = match &found {
+            None => Some(spec.create_delta()),
+            Some(f) => spec.update_delta(f),
+        };
+        let Some(delta) = delta else {
+            return Ok(());
+        };
+        let result = match (delta.action, &found) {
+            (Action::Create, _) => create(api, spec, log),
+            (Action::Replace, Some(f)) => {
+                if !allow_replace {
+                    return Err(ContainerError::ReplaceRefused(spec.vmid));
+                }
+                destroy(api, spec.vmid, f.running, log)?;
+                create(api, spec, log)
+            }
+            (_, Some(f)) => update(api, spec, f, &delta, log),
+            (_, None) => create(api, spec, log),
+        };
+        match result {
+            Err(ContainerError::Api(ProxmoxError::Modified { .. })) => continue,
+            other => other?,
+        }
+        return verify(api, spec);
+    }
+    Err(ContainerError::NotConverged {
+        vmid: spec.vmid,
+        what: "its configuration kept changing underneath (digest mismatch on every attempt)"
+            .into(),
+    })
+}
+
+fn timed<T>(
+    log: &mut dyn FnMut(&str, Duration),
+    what: &str,
+    f: impl FnOnce() -> Result<T, ProxmoxError>,
+) -> Result<T, ProxmoxError> {
+    let started = std::time::Instant::now();
+    let r = f()?;
+    log(what, started.elapsed());
+    Ok(r)
+}
+
+fn create(
+    api: &NodeApi,
+    spec: &ContainerSpec,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    let vmid = spec.vmid.to_string();
+    let description = marker_description(spec.get("ostemplate").unwrap_or_default());
+    let keys = spec.ssh_public_keys.join("\n");
+    let mut params: Vec<(&str, &str)> = vec![("vmid", &vmid)];
+    params.extend(spec.config.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    params.push(("description", &description));
+    if !keys.is_empty() {
+        params.push(("ssh-public-keys", &keys));
+    }
+    params.push(("start", "1"));
+    timed(log, &format!("create and start CT {vmid}"), || {
+        let upid = api.call("POST", &api.node_path("/lxc"), &params)?;
+        follow(api, &upid, TASK_LIMIT)
+    })?;
+    Ok(())
+}
+
+fn destroy(
+    api: &NodeApi,
+    vmid: u64,
+    running: bool,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    let base = api.node_path(&format!("/lxc/{vmid}"));
+    if running {
+        timed(log, &format!("stop CT {vmid}"), || {
+            let upid = api.call("POST", &format!("{base}/status/stop"), &[])?;
+            follow(api, &upid, TASK_LIMIT)
+        })?;
+    }
+    timed(
+        log,
+        &format!("destroy CT {vmid} (its own volumes; host bind mounts kept)"),
+        || {
+            let upid = api.call("DELETE", &base, &[])?;
+            follow(api, &upid, TASK_LIMIT)
+        },
+    )?;
+    Ok(())
+}
+
+fn update(
+    api: &NodeApi,
+    spec: &ContainerSpec,
+    found: &PveContainerFact,
+    delta: &Delta,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    let vmid = spec.vmid;
+    let base = api.node_path(&format!("/lxc/{vmid}"));
+    if let Some(a) = delta.attributes.iter().find(|a| a.name == "rootfs") {
+        return Err(ContainerError::Unsupported {
+            vmid,
+            what: format!(
+                "the root filesystem would change from {} to {}: growing it (`resize`) is not built",
+                a.before.as_deref().unwrap_or("?"),
+                a.after.as_deref().unwrap_or("?")
+            ),
+        });
+    }
+    let config: Vec<&crate::plan::Attribute> = delta
+        .attributes
+        .iter()
+        .filter(|a| a.name != "status" && a.name != "restart")
+        .collect();
+    if !config.is_empty() {
+        let delete: Vec<&str> = config
+            .iter()
+            .filter(|a| a.after.is_none())
+            .map(|a| a.name.as_str())
+            .collect();
+        let delete = delete.join(",");
+        let mut params: Vec<(&str, &str)> = config
+            .iter()
+            .filter_map(|a| a.after.as_deref().map(|v| (a.name.as_str(), v)))
+            .collect();
+        if !delete.is_empty() {
+            params.push(("delete", &delete));
+        }
+        params.push(("digest", &found.digest));
+        let names: Vec<&str> = config.iter().map(|a| a.name.as_str()).collect();
+        timed(
+            log,
+            &format!("set {} on CT {vmid}", names.join(", ")),
+            || {
+                api.call("PUT", &format!("{base}/config"), &params)
+                    .map(drop)
+            },
+        )?;
+    }
+    if !found.running {
+        timed(log, &format!("start CT {vmid}"), || {
+            let upid = api.call("POST", &format!("{base}/status/start"), &[])?;
+            follow(api, &upid, TASK_LIMIT)
+        })?;
+        return Ok(());
+    }
+    if spec.restart == RestartPolicy::Allowed {
+        let after = read(api, vmid, true)?;
+        if !after.pending.is_empty() || !after.pending_delete.is_empty() {
+            timed(
+                log,
+                &format!("reboot CT {vmid} to apply pending changes"),
+                || {
+                    let upid = api.call("POST", &format!("{base}/status/reboot"), &[])?;
+                    follow(api, &upid, TASK_LIMIT)
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the container back: anything still differing is an error.
+fn verify(api: &NodeApi, spec: &ContainerSpec) -> Result<(), ContainerError> {
+    let listing = list(api)?;
+    let Some(found) = read_for(api, spec, &listing)? else {
+        return Err(ContainerError::NotConverged {
+            vmid: spec.vmid,
+            what: "it does not exist".into(),
+        });
+    };
+    match spec.update_delta(&found) {
+        None => Ok(()),
+        Some(d) => Err(ContainerError::NotConverged {
+            vmid: spec.vmid,
+            what: d
+                .attributes
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: {} instead of {}",
+                        a.name,
+                        a.before.as_deref().unwrap_or("absent"),
+                        a.after.as_deref().unwrap_or("absent")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        }),
+    }
+}
