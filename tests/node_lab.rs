@@ -316,7 +316,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
     };
     let back = config_edit::write(node.as_ref(), &file, &read, &edit).unwrap();
     assert_eq!(
-        back.main().lxc,
+        back.conf.main.lxc,
         vec![("lxc.prlimit.nofile".to_string(), "4321".to_string())]
     );
     assert_eq!(&back.text[back.text.find("\n[").unwrap()..], rest_before);
@@ -333,7 +333,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
     assert!(limits.split_whitespace().any(|w| w == "4321"), "{limits}");
     let applied = config_edit::read(node.as_ref(), &file).unwrap();
     assert_eq!(
-        applied.main().get("nameserver"),
+        applied.conf.get("nameserver"),
         Some("10.84.0.53"),
         "{}",
         applied.text
@@ -391,18 +391,21 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
     }
     // Released: the same edit goes through.
     let back = config_edit::write(node.as_ref(), &file, &fresh, &undo).unwrap();
-    assert!(back.main().lxc.is_empty());
+    assert!(back.conf.main.lxc.is_empty());
 
     // Options pct takes go through `pct set` with the digest; on a running container a
     // feature stays pending until the next start, which the read-back accepts.
     let set = vec![("features".to_string(), "nesting=1,keyctl=1".to_string())];
-    let after = config_edit::pct_set(node.as_ref(), &file, &back.digest, &set, &[]).unwrap();
-    let pending = config_edit::pending_section(&after.text);
+    let after = config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[]).unwrap();
+    let pending = &after.conf.pending.props;
     assert_eq!(
-        after.main().get("features").or(pending.get("features")),
+        after
+            .conf
+            .get("features")
+            .or(pending.get("features").map(String::as_str)),
         Some("nesting=1,keyctl=1")
     );
-    match config_edit::pct_set(node.as_ref(), &file, &back.digest, &set, &[]) {
+    match config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[]) {
         Err(NodeError::Conflict { .. }) => {}
         other => panic!("a stale digest must be refused, got {other:?}"),
     }
@@ -487,10 +490,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
 
     // Applied over node SSH as root, then started by real LXC.
     let file = config_file(&g);
-    let found = config_edit::read(node.as_ref(), &file)
-        .unwrap()
-        .main()
-        .pairs();
+    let found = config_edit::read(node.as_ref(), &file).unwrap().pairs();
     let spec = |lines: &[(String, String)]| PveLinesSpec {
         vmid: g.ct.vmid.into(),
         label: "gpu-passthrough".into(),
@@ -500,7 +500,10 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         let probe = Probe::PveContainer {
             vmid: g.ct.vmid.into(),
         };
-        Facts::Read(HashMap::from([(probe, raw.fact())]))
+        Facts::Read(HashMap::from([(
+            probe,
+            Fact::PveContainer(Some(raw.fact(false))),
+        )]))
     };
     let before = config_edit::read(node.as_ref(), &file).unwrap();
     assert!(spec(&wanted).diff(&facts(&before)).unwrap().is_some());
@@ -509,13 +512,13 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     let after = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
     // Converged: a second run reads and writes nothing.
     let again = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
-    assert_eq!(again.digest, after.digest);
+    assert_eq!(again.digest(), after.digest());
     assert!(
         spec(&wanted).diff(&facts(&after)).unwrap().is_none(),
         "{}",
         after.text
     );
-    let d = gpus.drift(&after.main().pairs());
+    let d = gpus.drift(&after.pairs());
     assert!(d.is_empty(), "{d:?}");
     restart(&g, node.as_ref());
     // Inside: exactly the selected GPU and the shared nodes, with the node's numbers, and
@@ -552,7 +555,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     let moved = node_gpu::read(node.as_ref(), &root).unwrap();
     assert_eq!(moved.facts.major("nvidia-uvm"), Some(511));
     let now = config_edit::read(node.as_ref(), &file).unwrap();
-    let drift = moved.drift(&now.main().pairs());
+    let drift = moved.drift(&now.pairs());
     assert_eq!(drift.len(), 1, "{drift:?}");
     assert!(
         drift[0].contains("c 238:* rwm") && drift[0].contains("nvidia-uvm 511"),
@@ -560,7 +563,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     );
     let wanted = rendered_lines(&g, &moved, "lxc");
     assert!(spec(&wanted).diff(&facts(&now)).unwrap().is_some());
-    let edit = moved.edit(&wanted, &now.main().pairs());
+    let edit = moved.edit(&wanted, &now.pairs());
     assert_eq!(
         edit.remove_lxc,
         vec![(
@@ -570,7 +573,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     );
     let fixed = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
     assert!(spec(&wanted).diff(&facts(&fixed)).unwrap().is_none());
-    assert!(moved.drift(&fixed.main().pairs()).is_empty());
+    assert!(moved.drift(&fixed.pairs()).is_empty());
     restart(&g, node.as_ref());
     assert_eq!(g.sh("stat -c '%Hr:%Lr' /dev/nvidia-uvm"), "511:0\n");
     assert!(open_error(&g, "/dev/nvidia-uvm").contains("No such device or address"));
@@ -638,17 +641,14 @@ fn gpu_dev_entries_go_through_pct_set_and_reach_the_container() {
     assert_eq!(keys, ["dev0", "dev1", "dev2", "dev3"], "{wanted:?}");
     assert_eq!(wanted[0].1, format!("{root}/dev/nvidia1"));
     let file = config_file(&g);
-    let found = config_edit::read(node.as_ref(), &file)
-        .unwrap()
-        .main()
-        .pairs();
+    let found = config_edit::read(node.as_ref(), &file).unwrap().pairs();
     let edit = gpus.edit(&wanted, &found);
     assert_eq!(edit.set, wanted);
     let after = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
-    let pending = config_edit::pending_section(&after.text);
+    let pending = &after.conf.pending.props;
     for (k, v) in &wanted {
         assert_eq!(
-            after.main().get(k).or(pending.get(k)),
+            after.conf.get(k).or(pending.get(k).map(String::as_str)),
             Some(v.as_str()),
             "{}",
             after.text
@@ -671,6 +671,6 @@ fn gpu_dev_entries_go_through_pct_set_and_reach_the_container() {
     );
     // Selecting no GPU any more removes the entries passthrough owns.
     let now = config_edit::read(node.as_ref(), &file).unwrap();
-    let edit = gpus.edit(&[], &now.main().pairs());
+    let edit = gpus.edit(&[], &now.pairs());
     assert_eq!(edit.delete, ["dev0", "dev1", "dev2", "dev3"]);
 }

@@ -8,10 +8,11 @@
 
 use std::time::Duration;
 
+use pve::config::CtConfig;
 use serde::{Deserialize, Serialize};
-use sha1::{Digest, Sha1};
 
 use super::{NodeError, tail};
+use crate::engine::facts::PveContainerFact;
 use crate::transport::{Transport, shell_quote};
 
 /// Proxmox's lock directory for container configs.
@@ -48,103 +49,39 @@ impl ConfigFile {
     }
 }
 
-/// The config as read: its text and digest.
+/// The config as read: its text, parsed as Proxmox parses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawConfig {
     /// The whole file.
     pub text: String,
-    /// SHA-1 hex of the file, as Proxmox's `digest`.
-    pub digest: String,
+    /// Parsed; its `digest` is the SHA-1 of `text`, as Proxmox's.
+    pub conf: CtConfig,
 }
 
 impl RawConfig {
-    /// Wraps `text`, computing its digest.
-    pub fn new(text: String) -> Self {
-        let digest = hex::encode(Sha1::digest(text.as_bytes()));
-        RawConfig { text, digest }
+    /// Parses `text`, the config at `path`.
+    pub fn parse(path: &str, text: String) -> Result<Self, NodeError> {
+        let conf = CtConfig::parse(&text).map_err(|detail| NodeError::BadConfig {
+            path: path.to_string(),
+            detail,
+        })?;
+        Ok(RawConfig { text, conf })
     }
 
-    /// The answer to [`Probe::PveContainer`](crate::engine::facts::Probe::PveContainer)
-    /// read from the file: the current section's lines.
-    pub fn fact(&self) -> crate::engine::facts::Fact {
-        crate::engine::facts::Fact::PveContainer(Some(self.main().pairs()))
+    /// SHA-1 hex of the file, as Proxmox's `digest`.
+    pub fn digest(&self) -> &str {
+        &self.conf.digest
     }
 
-    /// The current (main) section: the lines before the first `[section]`.
-    pub fn main(&self) -> MainSection {
-        MainSection::parse(split_main(&self.text).0)
-    }
-}
-
-/// The current section of a config: description, options, raw `lxc.*` lines.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MainSection {
-    /// `#` lines on top (the description), verbatim.
-    pub comments: Vec<String>,
-    /// `key: value` options in file order.
-    pub options: Vec<(String, String)>,
-    /// Raw `lxc.*` lines in file order.
-    pub lxc: Vec<(String, String)>,
-}
-
-impl MainSection {
-    fn parse(text: &str) -> Self {
-        let mut out = MainSection::default();
-        for line in text.lines() {
-            if line.starts_with('#') {
-                out.comments.push(line.to_string());
-            } else if let Some((k, v)) = line.split_once(':') {
-                let pair = (k.trim().to_string(), v.trim().to_string());
-                if pair.0.starts_with("lxc.") {
-                    out.lxc.push(pair);
-                } else {
-                    out.options.push(pair);
-                }
-            }
-        }
-        out
+    /// The container as the resources see it (what the API read gives too).
+    pub fn fact(&self, running: bool) -> PveContainerFact {
+        PveContainerFact::from_config(&self.conf, running)
     }
 
-    /// An option's value.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every `key: value` pair, options then raw lines (what the resources diff against).
+    /// The current section's `key: value` lines, raw `lxc.*` lines last.
     pub fn pairs(&self) -> Vec<(String, String)> {
-        self.options.iter().chain(&self.lxc).cloned().collect()
+        self.fact(false).config
     }
-
-    /// As Proxmox writes it: description, options sorted by key, raw lines in order.
-    fn render(&self) -> String {
-        let mut out = String::new();
-        for c in &self.comments {
-            out.push_str(c);
-            out.push('\n');
-        }
-        let mut options = self.options.clone();
-        options.sort_by(|a, b| a.0.cmp(&b.0));
-        for (k, v) in options.iter().chain(&self.lxc) {
-            out.push_str(&format!("{k}: {v}\n"));
-        }
-        out
-    }
-}
-
-/// The main section's text and the rest (`[pve:pending]`, snapshots), split at the first
-/// section header.
-fn split_main(text: &str) -> (&str, &str) {
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        if line.starts_with('[') {
-            return text.split_at(offset);
-        }
-        offset += line.len();
-    }
-    (text, "")
 }
 
 /// A change of the current section.
@@ -201,40 +138,37 @@ impl ConfigEdit {
             && self.remove_lxc.is_empty()
     }
 
-    /// `text` with the edit made to its current section; the rest byte for byte.
-    pub fn apply_to(&self, text: &str) -> String {
-        let (main, rest) = split_main(text);
-        let mut m = MainSection::parse(main);
-        m.options
-            .retain(|(k, _)| !self.delete.contains(k) && !self.set.iter().any(|(s, _)| s == k));
-        m.options.extend(self.set.iter().cloned());
-        m.lxc.retain(|l| !self.remove_lxc.contains(l));
-        for l in &self.add_lxc {
-            if !m.lxc.contains(l) {
-                m.lxc.push(l.clone());
-            }
+    /// `conf` with the edit made to its current section; the pending and snapshot
+    /// sections as they were.
+    pub fn apply_to(&self, conf: &CtConfig) -> CtConfig {
+        let mut out = conf.clone();
+        let main = &mut out.main;
+        for k in &self.delete {
+            main.props.remove(k);
         }
-        let mut out = m.render();
-        if !rest.is_empty() {
-            // Proxmox separates sections with one blank line.
-            if !out.is_empty() && !out.ends_with("\n\n") {
-                out.push('\n');
+        for (k, v) in &self.set {
+            main.props.insert(k.clone(), v.clone());
+        }
+        main.lxc.retain(|l| !self.remove_lxc.contains(l));
+        for l in &self.add_lxc {
+            if !main.lxc.contains(l) {
+                main.lxc.push(l.clone());
             }
-            out.push_str(rest);
         }
         out
     }
 
-    /// Whether `main` shows the edit made.
-    pub fn verify(&self, main: &MainSection) -> Result<(), String> {
+    /// Whether `conf` shows the edit made.
+    pub fn verify(&self, conf: &CtConfig) -> Result<(), String> {
+        let main = &conf.main;
         let mut wrong = Vec::new();
         for (k, v) in &self.set {
-            if main.get(k) != Some(v.as_str()) {
-                wrong.push(format!("{k} is {:?}, not {v:?}", main.get(k)));
+            if conf.get(k) != Some(v.as_str()) {
+                wrong.push(format!("{k} is {:?}, not {v:?}", conf.get(k)));
             }
         }
         for k in &self.delete {
-            if main.get(k).is_some() {
+            if conf.get(k).is_some() {
                 wrong.push(format!("{k} is still set"));
             }
         }
@@ -265,7 +199,7 @@ pub fn read(node: &dyn Transport, file: &ConfigFile) -> Result<RawConfig, NodeEr
             detail: tail(&out.stderr_text()),
         });
     }
-    Ok(RawConfig::new(out.stdout_text()))
+    RawConfig::parse(&file.path, out.stdout_text())
 }
 
 /// Makes `edit` to the config read as `read`, under the config lock, atomically, in one
@@ -277,7 +211,7 @@ pub fn write(
     read: &RawConfig,
     edit: &ConfigEdit,
 ) -> Result<RawConfig, NodeError> {
-    if let Some(lock) = read.main().get("lock") {
+    if let Some(lock) = read.conf.lock() {
         return Err(NodeError::Command {
             what: format!("editing {}", file.path),
             target: node.describe(),
@@ -285,7 +219,7 @@ pub fn write(
             stderr: format!("CT is locked ({lock})"),
         });
     }
-    let new = edit.apply_to(&read.text);
+    let new = edit.apply_to(&read.conf).to_raw();
     let script = format!(
         "set -e; conf={conf}; lock={lock}; mkdir -p \"$(dirname \"$lock\")\"; \
          exec 9>>\"$lock\"; flock -w {LOCK_WAIT_SECS} 9 || exit {EXIT_LOCK_TIMEOUT}; \
@@ -295,7 +229,7 @@ pub fn write(
          t=\"$conf.tmp.$$\"; cat > \"$t\"; mv -f \"$t\" \"$conf\"; cat \"$conf\"",
         conf = shell_quote(&file.path),
         lock = shell_quote(&file.lock),
-        digest = read.digest,
+        digest = read.digest(),
     );
     let out = node.exec(&script, new.as_bytes(), TIMEOUT)?;
     match out.status {
@@ -318,8 +252,8 @@ pub fn write(
             });
         }
     }
-    let back = RawConfig::new(out.stdout_text());
-    edit.verify(&back.main())
+    let back = RawConfig::parse(&file.path, out.stdout_text())?;
+    edit.verify(&back.conf)
         .map_err(|detail| NodeError::NotVerified {
             what: format!("the edit of {}", file.path),
             target: node.describe(),
@@ -365,21 +299,19 @@ pub fn pct_set(
             stderr: tail(&stderr),
         });
     }
-    let back = RawConfig::new(out.stdout_text());
-    let pending = pending_section(&back.text);
-    let main = back.main();
+    let back = RawConfig::parse(&file.path, out.stdout_text())?;
     let mut wrong = Vec::new();
     for (k, v) in set {
-        let now = main.get(k).or_else(|| pending.get(k));
+        let now = back
+            .conf
+            .get(k)
+            .or_else(|| back.conf.pending.props.get(k).map(String::as_str));
         if now != Some(v.as_str()) {
             wrong.push(format!("{k} is {now:?}, not {v:?}"));
         }
     }
     for k in delete {
-        let pending_delete = pending
-            .get("delete")
-            .is_some_and(|d| d.split(',').any(|x| x.trim() == k));
-        if main.get(k).is_some() && !pending_delete {
+        if back.conf.get(k).is_some() && !back.conf.pending_delete().contains(k) {
             wrong.push(format!("{k} is still set"));
         }
     }
@@ -403,7 +335,7 @@ pub fn apply(
 ) -> Result<RawConfig, NodeError> {
     let mut now = read(node, file)?;
     if !edit.set.is_empty() || !edit.delete.is_empty() {
-        now = pct_set(node, file, &now.digest, &edit.set, &edit.delete)?;
+        now = pct_set(node, file, now.digest(), &edit.set, &edit.delete)?;
     }
     let lines = ConfigEdit {
         add_lxc: edit.add_lxc.clone(),
@@ -425,35 +357,18 @@ pub fn converge(
     owns: &dyn Fn(&str, &str) -> bool,
 ) -> Result<RawConfig, NodeError> {
     let now = read(node, file)?;
-    let edit = ConfigEdit::toward(wanted, &now.main().pairs(), owns);
+    let edit = ConfigEdit::toward(wanted, &now.pairs(), owns);
     if edit.is_empty() {
         return Ok(now);
     }
     apply(node, file, &edit)
 }
 
-/// The `[pve:pending]` section's options.
-pub fn pending_section(text: &str) -> MainSection {
-    let mut inside = false;
-    let mut body = String::new();
-    for line in text.lines() {
-        if line.starts_with('[') {
-            inside = line.trim() == "[pve:pending]";
-            continue;
-        }
-        if inside {
-            body.push_str(line);
-            body.push('\n');
-        }
-    }
-    MainSection::parse(&body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const CONF: &str = "#my%20ct\narch: amd64\nhostname: a\nmemory: 512\nlxc.apparmor.profile: unconfined\n\n[pve:pending]\nmemory: 1024\n\n[snap1]\narch: amd64\nhostname: a\n";
+    const CONF: &str = "#my ct\narch: amd64\nhostname: a\nmemory: 512\nlxc.apparmor.profile: unconfined\n\n[pve:pending]\nmemory: 1024\n\n[snap1]\narch: amd64\nhostname: a\n";
 
     #[test]
     fn edit_touches_only_the_current_section() {
@@ -463,32 +378,35 @@ mod tests {
             add_lxc: vec![("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into())],
             remove_lxc: vec![("lxc.apparmor.profile".into(), "unconfined".into())],
         };
-        let out = edit.apply_to(CONF);
+        let before = RawConfig::parse("t", CONF.into()).unwrap();
+        let out = edit.apply_to(&before.conf).to_raw();
         assert_eq!(
             out,
-            "#my%20ct\narch: amd64\ndev0: /dev/nvidia0\nhostname: a\nlxc.cgroup2.devices.allow: c 195:* rwm\n\n[pve:pending]\nmemory: 1024\n\n[snap1]\narch: amd64\nhostname: a\n"
+            "#my ct\narch: amd64\ndev0: /dev/nvidia0\nhostname: a\nlxc.cgroup2.devices.allow: c 195:* rwm\n\n[pve:pending]\nmemory: 1024\n\n[snap1]\narch: amd64\nhostname: a\n"
         );
-        assert!(edit.verify(&RawConfig::new(out).main()).is_ok());
-        assert!(edit.verify(&RawConfig::new(CONF.into()).main()).is_err());
+        let after = RawConfig::parse("t", out).unwrap();
+        assert!(edit.verify(&after.conf).is_ok());
+        assert!(edit.verify(&before.conf).is_err());
+        assert_eq!(
+            after.conf.pending.props.get("memory").map(String::as_str),
+            Some("1024")
+        );
     }
 
     #[test]
-    fn a_file_without_sections_and_pending_reading() {
-        let edit = ConfigEdit {
-            add_lxc: vec![(
-                "lxc.mount.entry".into(),
-                "/dev/nvidia0 dev/nvidia0 none bind,optional,create=file".into(),
-            )],
-            ..Default::default()
-        };
-        assert_eq!(
-            edit.apply_to("arch: amd64\n"),
-            "arch: amd64\nlxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n"
-        );
-        assert_eq!(pending_section(CONF).get("memory"), Some("1024"));
-        assert_eq!(
-            RawConfig::new(CONF.into()).main().get("memory"),
-            Some("512")
-        );
+    fn toward_adds_wanted_and_removes_only_owned_lines() {
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let found = vec![
+            pair("dev0", "/dev/a"),
+            pair("dev1", "/dev/b"),
+            pair("lxc.x", "1"),
+            pair("lxc.y", "2"),
+        ];
+        let wanted = vec![pair("dev0", "/dev/a"), pair("lxc.z", "3")];
+        let e = ConfigEdit::toward(&wanted, &found, &|k, _| k == "dev1" || k == "lxc.x");
+        assert_eq!(e.add_lxc, vec![pair("lxc.z", "3")]);
+        assert_eq!(e.remove_lxc, vec![pair("lxc.x", "1")]);
+        assert_eq!(e.delete, vec!["dev1".to_string()]);
+        assert!(e.set.is_empty());
     }
 }
