@@ -14,6 +14,7 @@ pub mod health;
 pub mod host;
 pub mod hub;
 pub mod inventory;
+pub mod node;
 pub mod plan;
 pub mod printer;
 pub mod proxmox;

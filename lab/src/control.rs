@@ -340,6 +340,7 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_DIR", lab.dir.display().to_string()),
         v("LAB_LOCK_DIR", lab.lock_dir.display().to_string()),
         v("LAB_VETH_PREFIX", lab.veth_prefix.clone()),
+        v("LAB_GPU_ROOT", crate::gpu::root(lab).display().to_string()),
     ])
 }
 
@@ -391,6 +392,7 @@ pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
     )?;
     ensure_bridge(&lab)?;
     let bin = install_bin(&lab, exe)?;
+    crate::gpu::install(&lab)?;
     start_server(&lab, &bin)?;
     start_sshd(&lab)?;
     let vars = exports(&lab)?;

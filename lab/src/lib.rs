@@ -9,6 +9,7 @@ pub mod client;
 pub use ::pve;
 pub use ::pve::error;
 pub mod control;
+pub mod gpu;
 pub mod node;
 pub mod paths;
 pub mod pct;

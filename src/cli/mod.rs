@@ -6,6 +6,7 @@ pub mod apply;
 pub mod check;
 pub mod gpu;
 pub mod model;
+pub mod node;
 pub mod plan;
 pub mod render;
 pub mod schema;

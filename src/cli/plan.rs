@@ -72,6 +72,7 @@ pub fn read_plan(
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Plan> {
+    let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
     let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);

@@ -3,6 +3,7 @@
 //! the node before the guest has SSH.
 
 pub mod local;
+pub mod node;
 pub mod quote;
 pub mod ssh;
 

@@ -1,0 +1,94 @@
+//! What the commands read from the Proxmox node itself over node SSH before planning:
+//! the GPUs of nodes whose containers pass GPUs through.
+
+use std::collections::HashMap;
+
+use super::Prepared;
+use super::ssh::node_transport;
+use super::targets::TargetArgs;
+use crate::diagnostic::Diagnostics;
+use crate::engine::desired::desired_state;
+use crate::gpu::passthrough_lines;
+use crate::inventory::container::GpuSelector;
+use crate::node::gpu::{self as node_gpu, NodeGpus};
+use crate::plan::Target;
+use crate::printer::Printer;
+use crate::resources::ResourceSpec;
+
+/// The desired state with the passthrough lines of every selected GPU container rendered
+/// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
+/// the offline assumption; a GPU the node does not have is an error at its line.
+pub fn with_live_gpus(
+    prepared: Prepared,
+    targets: &TargetArgs,
+    printer: &Printer,
+) -> anyhow::Result<Prepared> {
+    let loaded = &prepared.loaded;
+    let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
+    let selected = |ct: &str| {
+        targets.targets.is_empty()
+            || targets
+                .targets
+                .iter()
+                .any(|w| w == ct || *w == format!("container.{ct}"))
+    };
+    let mut read: HashMap<String, NodeGpus> = HashMap::new();
+    for (node_name, node) in &loaded.inventory.nodes {
+        let with_gpus: Vec<_> = node
+            .containers
+            .iter()
+            .filter_map(|(name, ct)| Some((name, ct.gpus.as_ref()?)))
+            .filter(|(name, _)| selected(name.as_str()))
+            .collect();
+        if with_gpus.is_empty() {
+            continue;
+        }
+        printer.status(&format!("reading the GPUs of node {node_name}"));
+        let transport = node_transport(loaded, node_name.as_str(), targets)?;
+        let gpus = node_gpu::read(transport.as_ref(), &root)?;
+        for (name, g) in with_gpus {
+            // The lines themselves come from the role below; this refuses, at the
+            // inventory's line, what they cannot be made from (a GPU the node lacks, a
+            // missing major, a stale node).
+            let selectors: Vec<GpuSelector> = g.devices.iter().map(|d| d.value.clone()).collect();
+            if let Err(e) = passthrough_lines(
+                &gpus.facts,
+                &selectors,
+                g.method.value,
+                &prepared.library.renderer,
+            ) {
+                let pos = g.devices.first().map(|d| d.pos).unwrap_or_default();
+                return Err(Diagnostics(vec![
+                    loaded
+                        .diag(pos, format!("container `{name}`: {e}"))
+                        .hint(e.hint()),
+                ])
+                .into());
+            }
+        }
+        read.insert(node_name.to_string(), gpus);
+    }
+    if read.is_empty() {
+        return Ok(prepared);
+    }
+    let mut desired = desired_state(loaded, &prepared.library, &|n| {
+        read.get(n).map(NodeGpus::view)
+    })?;
+    for d in &mut desired {
+        let Target::Container { node, .. } = &d.target else {
+            continue;
+        };
+        let Some(gpus) = read.get(node) else {
+            continue;
+        };
+        for r in &mut d.resources {
+            if let ResourceSpec::PveLines(lines) = &mut r.spec {
+                gpus.localize(lines);
+            }
+        }
+    }
+    Ok(Prepared {
+        desired,
+        ..prepared
+    })
+}
