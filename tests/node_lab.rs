@@ -14,15 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use guestlab::{Guest, host};
-use provision::agent::client::{AgentBinary, AgentClient};
+use provision::access::TargetReader;
+use provision::agent::client::{AgentBinary, AgentReader};
 use provision::engine::desired::{Library, desired_state};
-use provision::engine::facts::{Fact, Facts, Probe};
 use provision::inventory::container::GpuSelector;
 use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};
 use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
 use provision::node::gpu::{self as node_gpu, NodeGpus};
 use provision::resources::pve_lines::PveLinesSpec;
+use provision::resources::wire::{Fact, Facts, Probe};
 use provision::resources::{Resource, ResourceSpec};
 use provision::transport::node::NodeTransport;
 use provision::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
@@ -118,16 +119,16 @@ fn commands_files_and_the_agent_go_through_the_node() {
         "640 root\npushed\n1\n"
     );
     // The agent is pushed and answers through the node, as in a container without sshd.
-    let agent = AgentClient::new(
+    let agent = AgentReader::new(
         Arc::new(NodeTransport::new(node.clone(), g.ct.vmid)),
         Arc::new(AgentBinary::from_path(env!("CARGO_BIN_EXE_provision").into()).unwrap()),
     );
     let probe = Probe::Path {
         path: "/etc/provision-pushed".into(),
     };
-    let facts = agent.probe(std::slice::from_ref(&probe)).unwrap();
-    match &facts[&probe] {
-        Fact::Path(Some(p)) => assert_eq!(p.mode, 0o640),
+    let facts = agent.read(std::slice::from_ref(&probe)).unwrap();
+    match facts.path(&probe) {
+        Ok(Some(p)) => assert_eq!(p.mode, 0o640),
         other => panic!("unexpected fact {other:?}"),
     }
     // A stopped container is an error of the transport, never an empty answer.

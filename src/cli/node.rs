@@ -25,20 +25,24 @@ pub fn with_live_gpus(
 ) -> anyhow::Result<Prepared> {
     let loaded = &prepared.loaded;
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
-    let selected = |ct: &str| {
-        targets.targets.is_empty()
-            || targets
-                .targets
-                .iter()
-                .any(|w| w == ct || *w == format!("container.{ct}"))
+    // The container's target as `--target` spells it (its guest's name selects the
+    // guest's resources, not the container's passthrough lines).
+    let selected = |node: &str, name: &str, vmid: u64| {
+        let (full, short) = Target::Container {
+            node: node.to_string(),
+            name: name.to_string(),
+            vmid,
+        }
+        .names();
+        targets.targets.is_empty() || targets.targets.iter().any(|w| *w == full || *w == short)
     };
     let mut read: HashMap<String, NodeGpus> = HashMap::new();
     for (node_name, node) in &loaded.inventory.nodes {
         let with_gpus: Vec<_> = node
             .containers
             .iter()
+            .filter(|(name, ct)| selected(node_name.as_str(), name.as_str(), ct.vmid.value))
             .filter_map(|(name, ct)| Some((name, ct.gpus.as_ref()?)))
-            .filter(|(name, _)| selected(name.as_str()))
             .collect();
         if with_gpus.is_empty() {
             continue;

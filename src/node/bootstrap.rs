@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::{NodeError, tail};
 use crate::transport::Transport;
 use crate::transport::node::NodeTransport;
-use crate::transport::ssh::known_hosts::{self, KnownHosts, Verdict};
+use crate::transport::ssh::known_hosts::{self, HostKeyStatus, KnownHosts};
 
 /// The package that provides sshd in Debian-family templates.
 pub const SSH_PACKAGE: &str = "openssh-server";
@@ -326,9 +326,9 @@ pub fn record_host_keys(
     for key in keys {
         let blob = key.blob();
         match known.check(host, port, &blob) {
-            Verdict::Known => {}
-            Verdict::Unknown => unknown.push(blob),
-            Verdict::Changed { line, .. } | Verdict::Revoked { line } => {
+            HostKeyStatus::Known => {}
+            HostKeyStatus::Unknown => unknown.push(blob),
+            HostKeyStatus::Changed { line, .. } | HostKeyStatus::Revoked { line } => {
                 return Err(NodeError::HostKeyChanged {
                     vmid,
                     entry: known_hosts::host_entry_name(host, port),

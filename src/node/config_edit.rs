@@ -12,7 +12,7 @@ use pve::config::CtConfig;
 use serde::{Deserialize, Serialize};
 
 use super::{NodeError, tail};
-use crate::engine::facts::PveContainerFact;
+use crate::resources::container::PveContainerFact;
 use crate::transport::{Transport, shell_quote};
 
 /// Proxmox's lock directory for container configs.
