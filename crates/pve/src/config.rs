@@ -217,8 +217,12 @@ impl Section {
 
 fn write_section(s: &Section) -> String {
     let mut raw = String::new();
-    if let Some(d) = s.props.get("description") {
-        for line in d.lines() {
+    // Perl's `split(/\n/, $descr)`: a `\r` stays in its line (encoded), trailing empty
+    // lines go.
+    if let Some(d) = s.props.get("description").map(|d| d.trim_end_matches('\n'))
+        && !d.is_empty()
+    {
+        for line in d.split('\n') {
             raw.push('#');
             raw.push_str(&encode_text(line));
             raw.push('\n');
@@ -271,6 +275,34 @@ lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.mount.entry: /dev/nvidia0 dev/nvidia
         assert!(conf.snapshots.contains_key("before-upgrade"));
         assert_eq!(conf.to_raw(), SAMPLE);
         assert_eq!(conf.digest, digest(SAMPLE));
+    }
+
+    #[test]
+    fn description_keeps_carriage_returns() {
+        // Found by fuzzing: `lines()` dropped the `\r` of `#a%0D`, so a written config read
+        // back with another description.
+        let conf = CtConfig::parse("#a%0D\n#\n#b\narch: amd64\n").unwrap();
+        assert_eq!(conf.get("description"), Some("a\r\n\nb\n"));
+        let raw = conf.to_raw();
+        assert_eq!(raw, "#a%0D\n#\n#b\narch: amd64\n");
+        assert_eq!(CtConfig::parse(&raw).unwrap().main, conf.main);
+        // As Proxmox: trailing empty description lines are not written.
+        let blank = CtConfig::parse("#\n#\narch: amd64\n").unwrap();
+        assert_eq!(blank.to_raw(), "arch: amd64\n");
+    }
+
+    #[test]
+    fn percent_escapes_in_descriptions_read_back_decoded_as_in_proxmox() {
+        // Found by fuzzing, and Proxmox's own behaviour (`encode_text` leaves `%` alone):
+        // a description holding `%0A` is written as is and reads back as a newline.
+        let conf = CtConfig::parse("description: 50%250A\n").unwrap();
+        assert_eq!(conf.get("description"), Some("50%0A"));
+        let raw = conf.to_raw();
+        assert_eq!(raw, "#50%0A\n");
+        assert_eq!(
+            CtConfig::parse(&raw).unwrap().get("description"),
+            Some("50\n\n")
+        );
     }
 
     #[test]

@@ -118,7 +118,8 @@ pub fn format_of(key: &str) -> Option<Format> {
 /// Parses a property string; errors read as Proxmox's (`invalid format - ...`).
 pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> {
     let mut res = BTreeMap::new();
-    for part in s.split(',').filter(|p| !p.is_empty()) {
+    // Blank parts are skipped, as Proxmox's `next if $part =~ /^\s*$/`.
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
         let (k, v) = match part.split_once('=') {
             Some((k, v)) => (k.to_string(), v.to_string()),
             None => match fmt.default_key {
@@ -155,8 +156,13 @@ pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> 
 pub fn print(fmt: &Format, data: &BTreeMap<String, String>) -> String {
     let mut parts = Vec::new();
     let mut done = Vec::new();
+    // The default key goes bare only where it reads back as itself: a value with `=` would
+    // read as another key, a blank one as nothing (Proxmox prints both bare and cannot
+    // read them back).
     if let Some(d) = fmt.default_key
         && let Some(v) = data.get(d)
+        && !v.trim().is_empty()
+        && !v.contains('=')
     {
         parts.push(v.clone());
         done.push(d);
@@ -238,6 +244,28 @@ mod tests {
                 .contains("mp: property is missing")
         );
         assert!(parse(&NET, "name=eth0,colour=red").is_err());
+    }
+
+    #[test]
+    fn default_key_is_bare_only_where_it_reads_back() {
+        // Found by fuzzing (fuzz/fuzz_targets/pve_config.rs): printed bare, `a=b` read back
+        // as key `a` and an empty volume vanished.
+        for value in ["volume=a=b,mp=/x", "volume=,mp=/x", "volume= ,mp=/x"] {
+            let m = parse(&MP, value).unwrap();
+            let printed = print(&MP, &m);
+            assert!(printed.contains("volume="), "{printed}");
+            assert_eq!(parse(&MP, &printed).unwrap(), m);
+        }
+        let m = parse(&DEV, "path=/dev/a=b").unwrap();
+        assert_eq!(parse(&DEV, &print(&DEV, &m)).unwrap(), m);
+    }
+
+    #[test]
+    fn blank_parts_are_skipped() {
+        // Found by fuzzing: " " was a volume, and its canonical form (trimmed) was none.
+        assert!(parse(&ROOTFS, " ").is_err());
+        let m = parse(&NET, "name=eth0, ,bridge=vmbr0,").unwrap();
+        assert_eq!(print(&NET, &m), "name=eth0,bridge=vmbr0");
     }
 
     #[test]
