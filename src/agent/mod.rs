@@ -149,7 +149,7 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                 let failed = result.is_err();
                 let (detail, error) = match result {
                     Ok(detail) => (detail, None),
-                    Err(e) => (None, Some(e)),
+                    Err(e) => (None, Some(e.to_string())),
                 };
                 emit(&Event::StepDone {
                     index,

@@ -72,10 +72,10 @@ pub enum Step {
     /// Download a model next to its storage, every file verified.
     ModelPull(Box<ModelPull>),
     /// Check a service's new argv before anything of it is written or restarted.
-    Preflight(super::preflight::PreflightSpec),
+    Preflight(Box<crate::resources::service::ServiceSpec>),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
-    DeployService(super::deploy::Deploy),
+    DeployService(Box<super::deploy::Deploy>),
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -109,12 +109,12 @@ impl Step {
             Step::GitCheckout { path, revision, .. } => {
                 format!("git checkout {revision} in {path}")
             }
-            Step::Preflight(p) => format!("preflight {}", p.unit),
+            Step::Preflight(s) => format!("preflight {}", s.unit),
             Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
-                d.unit,
-                if d.restart && d.watch.is_some() {
+                d.service.unit,
+                if d.restart && d.service.readiness.is_some() {
                     " and wait until it is ready"
                 } else {
                     ""
@@ -124,15 +124,20 @@ impl Step {
     }
 
     /// Runs the step; some steps report details (a service's verdict).
-    pub fn run(&self) -> Result<Option<serde_json::Value>, String> {
+    pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return super::deploy::deploy(d).map(|r| serde_json::to_value(r).ok());
+                return Ok(serde_json::to_value(super::deploy::deploy(d)?).ok());
             }
-            Step::Preflight(p) => {
-                return super::preflight::preflight(p).map(|r| serde_json::to_value(r).ok());
+            Step::Preflight(s) => {
+                return Ok(serde_json::to_value(super::preflight::preflight(s)?).ok());
             }
-            Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
+            Step::ModelPull(m) => {
+                return m
+                    .run()
+                    .map(|r| serde_json::to_value(r).ok())
+                    .map_err(StepError::Failed);
+            }
             Step::WriteFile {
                 path,
                 content,
@@ -188,8 +193,22 @@ impl Step {
                 path,
             } => git_checkout(repo, revision, path),
         };
-        done.map(|()| None)
+        done.map(|()| None).map_err(StepError::Failed)
     }
+}
+
+/// Why a step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// A service's deploy.
+    #[error(transparent)]
+    Deploy(#[from] super::deploy::DeployError),
+    /// A service's preflight.
+    #[error(transparent)]
+    Preflight(#[from] super::preflight::PreflightError),
+    /// Any other step, in the words of the code that ran it.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// A model download (the model store's engine, run on the target).
