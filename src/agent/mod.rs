@@ -8,6 +8,7 @@ pub mod client;
 pub mod deploy;
 pub mod preflight;
 pub mod probe;
+pub mod sglang_rules;
 pub mod steps;
 
 use std::io::{BufRead, Write};

@@ -222,7 +222,7 @@ fn keep_declared_dependencies(mut resources: Vec<Desired>) -> Vec<Desired> {
     let declared: BTreeSet<String> = resources.iter().map(|r| r.spec.address()).collect();
     for d in &mut resources {
         if let ResourceSpec::Service(s) = &mut d.spec
-            && s.declared.at("").is_some()
+            && s.declared.from_inventory()
         {
             s.depends_on.retain(|dep| declared.contains(dep));
         }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Delta, Resource};
 use crate::agent::deploy::{Deploy, loaded_argv, loaded_differences_of};
-use crate::agent::preflight::{Finding, Preflight, release, release_rules};
+use crate::agent::preflight::Preflight;
+use crate::agent::sglang_rules::{Finding, release, release_rules};
 use crate::agent::steps::Step;
 use crate::engine::facts::{Facts, NotRead, Probe, UnitFact};
 use crate::health::Readiness;
@@ -109,9 +110,14 @@ impl PartialEq for Declared {
 }
 
 impl Declared {
+    /// Whether the service was built from the inventory (not written by a role).
+    pub fn from_inventory(&self) -> bool {
+        !self.file.as_os_str().is_empty()
+    }
+
     /// `file:line:col` of `setting`, else of the service; `None` for a role's own service.
     pub fn at(&self, setting: &str) -> Option<String> {
-        if self.file.as_os_str().is_empty() {
+        if !self.from_inventory() {
             return None;
         }
         let pos = self.settings.get(setting).copied().unwrap_or(self.service);
