@@ -370,3 +370,112 @@ fn a_requirement_that_cannot_be_checked_is_refused_where_it_is_written() {
     );
     assert!(r.stderr.contains("hint:"), "{}", r.stderr);
 }
+
+/// llm-two with the user's own `sglang` role and unit template beside it.
+fn with_own_role(role: &str, template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("inventory/llm-two.yaml"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("inventory.yaml"),
+        format!("paths: {{ roles: roles, templates: templates }}\n{inventory}"),
+    )
+    .unwrap();
+    for (sub, name, text) in [
+        ("roles", "sglang.yaml", role),
+        ("templates", "my-sglang.service.hbs", template),
+    ] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        std::fs::write(dir.path().join(sub).join(name), text).unwrap();
+    }
+    dir
+}
+
+/// A user's role takes the inventory's service as provision built it (`of:`) and renders
+/// the unit file, and each fallback's, from a template of its own.
+#[test]
+fn a_users_own_role_takes_the_built_service() {
+    let role = r#"description: The user's own SGLang role.
+requires: [services]
+for_each: service
+resources:
+  - kind: file
+    path: "{{service.unit_path}}"
+    template: my-sglang.service.hbs
+  - kind: service
+    of: "{{service.name}}"
+    unit_template: my-sglang.service.hbs
+"#;
+    let template = "[Service]\nUser={{service.user}}\n{{#each service.environment}}\nEnvironment={{systemd_env name value}}\n{{/each}}\nExecStart={{systemd_exec service.exec_start}}\n";
+    let dir = with_own_role(role, template);
+    let inventory = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", "--json", inventory.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let changes = plan["targets"][1]["changes"].as_array().unwrap();
+    let find = |address: &str| {
+        changes
+            .iter()
+            .find(|c| c["address"].as_str().unwrap().ends_with(address))
+            .unwrap_or_else(|| panic!("no {address} in {changes:?}"))
+    };
+    let unit = find("file:/etc/systemd/system/sglang-qwen.service")["spec"]["content"]
+        .as_str()
+        .unwrap();
+    assert!(
+        unit.starts_with("[Service]\nUser=root\nEnvironment=CUDA_HOME=/usr/local/cuda-13.0\n"),
+        "{unit}"
+    );
+    assert!(
+        unit.contains("ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server --model-path /shared/models/Qwen3.5-122B-A10B --served-model-name qwen3.5-122b"),
+        "{unit}"
+    );
+    let service = &find("service:sglang-qwen.service")["spec"];
+    assert_eq!(service["readiness"]["served_model_name"], "qwen3.5-122b");
+    let fallback = service["fallbacks"][0]["content"].as_str().unwrap();
+    assert!(fallback.starts_with("[Service]\n"), "{fallback}");
+    assert!(
+        !fallback.contains("--mamba-scheduler-strategy"),
+        "{fallback}"
+    );
+    // What the service runs on, as far as this container's roles declare it.
+    assert_eq!(
+        service["depends_on"][0],
+        "file:/etc/systemd/system/sglang-qwen.service"
+    );
+}
+
+/// `of:` must name a service of the container, and takes nothing the inventory says.
+#[test]
+fn a_users_role_naming_no_service_is_an_error_in_the_role() {
+    let entry = |extra: &str| {
+        format!(
+            "description: Bad.\nrequires: [services]\nfor_each: service\nresources:\n  - kind: service\n    of: \"{{{{service.unit}}}}\"\n{extra}"
+        )
+    };
+    let dir = with_own_role(&entry(""), "");
+    let inventory = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", inventory.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("roles/sglang.yaml:5:")
+            && r.stderr
+                .contains("`of: sglang-qwen.service` names no service of this container"),
+        "{}",
+        r.stderr
+    );
+    let dir = with_own_role(
+        &entry("    exec_start: [/bin/true]\n").replace("service.unit", "service.name"),
+        "",
+    );
+    let inventory = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", inventory.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("field `exec_start`") && r.stderr.contains("takes only `unit_template`"),
+        "{}",
+        r.stderr
+    );
+}

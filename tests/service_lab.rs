@@ -89,6 +89,16 @@ fn deploy_seconds(stderr: &str) -> f64 {
         .unwrap_or_else(|| panic!("no deploy step in:\n{stderr}"))
 }
 
+/// The 1-based line of `path` that starts (after blanks) with `key`.
+fn line_of(path: &Path, key: &str) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .position(|l| l.trim_start().starts_with(key))
+        .unwrap_or_else(|| panic!("no {key} in {}", path.display()))
+        + 1
+}
+
 impl Lab {
     /// Writes the inventory: llm-two's service, with `flags` deciding whether the two
     /// settings the seeds' first unit lacked are there, and `env` more environment (the
@@ -232,6 +242,16 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
         "{err}"
     );
     assert!(err.contains(SEED_ERROR), "{err}");
+    // Found after rendering, on the target, and still pointing at the inventory's line.
+    let inventory = l.g.dir.path().join("inventory.yaml");
+    let served = line_of(&inventory, "served_model_name:");
+    assert!(
+        err.contains(&format!(
+            "the service is declared at {}:{served}:",
+            inventory.display()
+        )),
+        "{err}"
+    );
     assert_eq!(l.unit(), unit, "the unit was written despite the preflight");
     assert_eq!(
         l.main_pid(),
@@ -606,4 +626,48 @@ fn quoted_environment_values_directives_and_a_failed_load_restored() {
     );
     assert_eq!(l.main_pid(), pid);
     assert!(l.serving());
+}
+
+/// A role of the user's own with a service of its own (not SGLang, no inventory
+/// `services:`): its unit file is a `file` resource, the service names only its unit, and
+/// provision proves systemd loaded that file. Converges, stays converged, and a change of
+/// the file restarts it.
+#[test]
+fn a_users_own_role_with_a_service_of_its_own() {
+    let g = Guest::new("svc-own");
+    let role = |seconds: u32| {
+        format!(
+            r#"description: A server of the user's own.
+resources:
+  - kind: file
+    path: /etc/systemd/system/my-server.service
+    content: "[Unit]\nDescription=mine\n[Service]\nExecStart=/bin/sleep {seconds}\n[Install]\nWantedBy=multi-user.target\n"
+  - kind: service
+    unit: my-server.service
+    unit_path: /etc/systemd/system/my-server.service
+    depends_on: ["file:/etc/systemd/system/my-server.service"]
+"#
+        )
+    };
+    g.role("my-server", &role(100_000));
+    g.inventory("        roles: [my-server]\n");
+    let (out, err) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("Apply complete"), "{out}\n{err}");
+    assert_eq!(g.sh("systemctl is-active my-server.service"), "active\n");
+    assert_eq!(g.sh("systemctl is-enabled my-server.service"), "enabled\n");
+    g.expect(&["check"], 0);
+    let (out, _) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("No changes"), "{out}");
+
+    // A new command line in the role's unit file: written, loaded, restarted.
+    g.role("my-server", &role(200_000));
+    let (plan, _) = g.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("my-server.service"), "{plan}");
+    g.expect(&["apply", "--yes"], 0);
+    let pid = g.sh("systemctl show -p MainPID --value my-server.service");
+    assert_eq!(
+        g.sh(&format!("tr '\\0' ' ' < /proc/{}/cmdline", pid.trim())),
+        "/bin/sleep 200000 "
+    );
+    g.expect(&["check"], 0);
 }

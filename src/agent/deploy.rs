@@ -10,51 +10,23 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::health::Verdict;
-use crate::health::watch::{WatchSpec, journal_cursor, unit_properties, watch};
+use crate::health::watch::{journal_cursor, unit_properties, watch};
 use crate::host::write_file_atomic;
 use crate::render::systemd::{assignments, split_shown};
+use crate::resources::service::ServiceSpec;
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";
 
-/// What deploying a service does.
+/// What deploying a service does: the service as the plan has it, and how.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Deploy {
-    /// Unit name.
-    pub unit: String,
-    /// Its file.
-    pub unit_path: String,
-    /// The argv its `ExecStart=` must have once loaded.
-    pub exec_start: Vec<String>,
-    /// `NAME=value` assignments its `Environment=` must have once loaded.
-    pub environment: Vec<String>,
-    /// Enable it at boot.
-    pub enable: bool,
+    /// The service: unit, what it must load, enable at boot, health gate, fallbacks.
+    pub service: ServiceSpec,
     /// (Re)start it and watch it.
     pub restart: bool,
-    /// The health gate, when the service has one.
-    pub watch: Option<WatchSpec>,
     /// On a failed gate, go back to the last unit that passed it.
     pub rollback: bool,
-    /// Degraded variants tried, in order, before rolling back.
-    #[serde(default)]
-    pub fallbacks: Vec<FallbackUnit>,
-}
-
-/// A degraded variant of a unit (inventory `fallback:`), rendered in full.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FallbackUnit {
-    /// What it is, e.g. `without MTP`.
-    pub name: String,
-    /// The whole unit file.
-    pub content: String,
-    /// Its argv, to prove it loaded.
-    pub exec_start: Vec<String>,
-    /// Its environment, likewise.
-    pub environment: Vec<String>,
-    /// Its preflight.
-    #[serde(default)]
-    pub preflight: Option<super::preflight::PreflightSpec>,
 }
 
 /// The outcome for the client: the verdict, and the rollback's, if one happened.
@@ -73,20 +45,90 @@ pub struct DeployReport {
     pub degraded: Option<String>,
 }
 
-fn systemctl(args: &[&str]) -> Result<(), String> {
+/// Why a deploy failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// systemctl could not be started.
+    #[error("cannot run systemctl: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// systemctl said no.
+    #[error("systemctl {command} failed: {stderr}")]
+    Systemctl {
+        /// Its arguments.
+        command: String,
+        /// What it printed.
+        stderr: String,
+    },
+    /// A unit file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A unit file could not be written.
+    #[error("{0}")]
+    Write(String),
+    /// systemd loaded something else than was written; the last good unit was restored.
+    #[error("systemd did not load what was written to {unit_path}:\n  {}\n  {restored}", .differences.join("\n  "))]
+    NotLoaded {
+        /// The unit's file.
+        unit_path: String,
+        /// What differs.
+        differences: Vec<String>,
+        /// What the restore did, in words.
+        restored: String,
+    },
+    /// The health gate failed (and no fallback passed); what the rollback did.
+    #[error("{unit} did not become ready: {summary}{}{outcome}", journal_block(.journal))]
+    Unhealthy {
+        /// The unit.
+        unit: String,
+        /// The verdict in one line.
+        summary: String,
+        /// The end of the journal, for a crash loop.
+        journal: Vec<String>,
+        /// What the rollback did, in words (starting with a new line).
+        outcome: String,
+    },
+}
+
+fn journal_block(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = "\n  journal:\n".to_string();
+    for line in lines {
+        out += &format!("    | {line}\n");
+    }
+    out
+}
+
+fn systemctl(args: &[&str]) -> Result<(), DeployError> {
     let out = Command::new("systemctl")
         .args(args)
         .output()
-        .map_err(|e| format!("cannot run systemctl: {e}"))?;
+        .map_err(DeployError::Spawn)?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "systemctl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(DeployError::Systemctl {
+            command: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
+}
+
+fn write_unit(path: &str, bytes: &[u8]) -> Result<(), DeployError> {
+    write_file_atomic(Path::new(path), bytes, "root", "root", 0o644).map_err(DeployError::Write)
+}
+
+fn read_unit(path: &str) -> Result<Vec<u8>, DeployError> {
+    fs::read(path).map_err(|source| DeployError::Read {
+        path: path.to_string(),
+        source,
+    })
 }
 
 /// The argv systemd loaded, from `systemctl show -p ExecStart`'s
@@ -107,10 +149,10 @@ pub fn shown_argv(words: &[String]) -> String {
         .join(" ")
 }
 
-/// What systemd runs for `d.unit`, compared with what the inventory says; the differences.
-pub fn loaded_differences(d: &Deploy) -> Vec<String> {
+/// What systemd runs for `service`, compared with what the plan says; the differences.
+pub fn loaded_differences(service: &ServiceSpec) -> Vec<String> {
     let p = unit_properties(
-        &d.unit,
+        &service.unit,
         &[
             "LoadState",
             "FragmentPath",
@@ -119,12 +161,12 @@ pub fn loaded_differences(d: &Deploy) -> Vec<String> {
             "Environment",
         ],
     );
-    loaded_differences_of(d, &p)
+    loaded_differences_of(service, &p)
 }
 
 /// [`loaded_differences`] for properties already read (`systemctl show`).
 pub fn loaded_differences_of(
-    d: &Deploy,
+    d: &ServiceSpec,
     p: &std::collections::BTreeMap<String, String>,
 ) -> Vec<String> {
     let get = |k: &str| p.get(k).cloned().unwrap_or_default();
@@ -180,52 +222,54 @@ fn lkg_path(unit: &str) -> String {
     format!("{LAST_KNOWN_GOOD_DIR}/{unit}")
 }
 
-fn restart_and_watch(d: &Deploy) -> Result<Option<Verdict>, String> {
-    let cursor = journal_cursor(&d.unit);
+fn restart_and_watch(service: &ServiceSpec) -> Result<Option<Verdict>, DeployError> {
+    let cursor = journal_cursor(&service.unit);
     // A unit that hit its start limit earlier refuses to start until reset.
-    let _ = systemctl(&["reset-failed", &d.unit]);
-    systemctl(&["restart", "--no-block", &d.unit])?;
-    Ok(d.watch.as_ref().map(|w| watch(w, cursor, &mut |_| {})))
+    let _ = systemctl(&["reset-failed", &service.unit]);
+    systemctl(&["restart", "--no-block", &service.unit])?;
+    Ok(service
+        .readiness
+        .as_ref()
+        .map(|r| watch(&service.unit, r, cursor, &mut |_| {})))
 }
 
-/// Deploys; `Err` carries the diagnosis (and what the rollback did) for people.
-pub fn deploy(d: &Deploy) -> Result<DeployReport, String> {
+/// Deploys; the error carries the diagnosis (and what the rollback did) for people.
+pub fn deploy(d: &Deploy) -> Result<DeployReport, DeployError> {
+    let service = &d.service;
     let mut report = DeployReport {
-        unit: d.unit.clone(),
+        unit: service.unit.clone(),
         verdict: None,
         rollback: None,
         notes: Vec::new(),
         degraded: None,
     };
-    let p = unit_properties(&d.unit, &["LoadState", "NeedDaemonReload"]);
+    let p = unit_properties(&service.unit, &["LoadState", "NeedDaemonReload"]);
     if p.get("NeedDaemonReload").map(String::as_str) == Some("yes")
         || p.get("LoadState").map(String::as_str) != Some("loaded")
     {
         systemctl(&["daemon-reload"])?;
         report.notes.push("daemon-reload".into());
     }
-    let diffs = loaded_differences(d);
-    if !diffs.is_empty() {
-        let restored = restore_last_known_good(d);
-        return Err(format!(
-            "systemd did not load what was written to {}:\n  {}\n  {restored}",
-            d.unit_path,
-            diffs.join("\n  ")
-        ));
+    let differences = loaded_differences(service);
+    if !differences.is_empty() {
+        return Err(DeployError::NotLoaded {
+            unit_path: service.unit_path.clone(),
+            differences,
+            restored: restore_last_known_good(d),
+        });
     }
-    if d.enable {
-        systemctl(&["enable", "--quiet", &d.unit])?;
+    if service.enabled {
+        systemctl(&["enable", "--quiet", &service.unit])?;
     }
     if !d.restart {
         return Ok(report);
     }
-    let verdict = restart_and_watch(d)?;
+    let verdict = restart_and_watch(service)?;
     report.verdict = verdict.clone();
     match &verdict {
         None | Some(Verdict::Ready { .. }) => {
-            let unit =
-                fs::read(&d.unit_path).map_err(|e| format!("cannot read {}: {e}", d.unit_path))?;
-            write_file_atomic(Path::new(&lkg_path(&d.unit)), &unit, "root", "root", 0o644)?;
+            let unit = read_unit(&service.unit_path)?;
+            write_unit(&lkg_path(&service.unit), &unit)?;
             Ok(report)
         }
         Some(failed) => {
@@ -243,16 +287,18 @@ fn try_fallbacks(
     d: &Deploy,
     failed: &Verdict,
     report: &mut DeployReport,
-) -> Result<Option<String>, String> {
-    for fb in &d.fallbacks {
+) -> Result<Option<String>, DeployError> {
+    let service = &d.service;
+    for fb in &service.fallbacks {
         report.notes.push(format!(
             "{}: {}; trying fallback `{}`",
-            d.unit,
+            service.unit,
             failed.summary(),
             fb.name
         ));
-        if let Some(p) = &fb.preflight
-            && let Err(e) = super::preflight::preflight(p)
+        let variant = service.with_fallback(fb);
+        if variant.preflight.is_some()
+            && let Err(e) = super::preflight::preflight(&variant)
         {
             report.notes.push(format!(
                 "fallback `{}` refused by its preflight: {e}",
@@ -260,21 +306,9 @@ fn try_fallbacks(
             ));
             continue;
         }
-        let _ = systemctl(&["stop", &d.unit]);
-        write_file_atomic(
-            Path::new(&d.unit_path),
-            fb.content.as_bytes(),
-            "root",
-            "root",
-            0o644,
-        )?;
+        let _ = systemctl(&["stop", &service.unit]);
+        write_unit(&service.unit_path, fb.content.as_bytes())?;
         systemctl(&["daemon-reload"])?;
-        let variant = Deploy {
-            exec_start: fb.exec_start.clone(),
-            environment: fb.environment.clone(),
-            fallbacks: Vec::new(),
-            ..d.clone()
-        };
         let diffs = loaded_differences(&variant);
         if !diffs.is_empty() {
             report.notes.push(format!(
@@ -287,9 +321,8 @@ fn try_fallbacks(
         match restart_and_watch(&variant)? {
             Some(Verdict::Ready { after_ms }) => {
                 report.rollback = Some(Verdict::Ready { after_ms });
-                let unit = fs::read(&d.unit_path)
-                    .map_err(|e| format!("cannot read {}: {e}", d.unit_path))?;
-                write_file_atomic(Path::new(&lkg_path(&d.unit)), &unit, "root", "root", 0o644)?;
+                let unit = read_unit(&service.unit_path)?;
+                write_unit(&lkg_path(&service.unit), &unit)?;
                 return Ok(Some(fb.name.clone()));
             }
             Some(v) => report.notes.push(format!(
@@ -310,12 +343,12 @@ fn restore_last_known_good(d: &Deploy) -> String {
     if !d.rollback {
         return "left as it is for debugging (--no-rollback)".into();
     }
-    let lkg = lkg_path(&d.unit);
+    let lkg = lkg_path(&d.service.unit);
     let Ok(good) = fs::read(&lkg) else {
         return "no earlier unit passed the health gate, so there is nothing to restore".into();
     };
-    let restored = write_file_atomic(Path::new(&d.unit_path), &good, "root", "root", 0o644)
-        .and_then(|_| systemctl(&["daemon-reload"]));
+    let restored =
+        write_unit(&d.service.unit_path, &good).and_then(|_| systemctl(&["daemon-reload"]));
     match restored {
         Ok(()) => format!("the last unit that passed the health gate ({lkg}) is loaded again"),
         Err(e) => format!("restoring {lkg} failed: {e}"),
@@ -323,56 +356,50 @@ fn restore_last_known_good(d: &Deploy) -> String {
 }
 
 /// Reports a failed gate, rolling back first when asked and possible.
-fn fail(d: &Deploy, failed: &Verdict) -> String {
-    let mut msg = format!("{} did not become ready: {}", d.unit, failed.summary());
-    if let Verdict::CrashLoop { evidence, .. } = failed {
-        msg += "\n  journal:\n";
-        for line in evidence
-            .iter()
-            .rev()
-            .take(25)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-        {
-            msg += &format!("    | {line}\n");
+fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
+    let service = &d.service;
+    let journal = match failed {
+        Verdict::CrashLoop { evidence, .. } => {
+            evidence[evidence.len().saturating_sub(25)..].to_vec()
         }
-    }
+        _ => Vec::new(),
+    };
+    let unhealthy = |outcome: String| DeployError::Unhealthy {
+        unit: service.unit.clone(),
+        summary: failed.summary(),
+        journal: journal.clone(),
+        outcome,
+    };
     if !d.rollback {
-        msg += "\n  left as it is for debugging (--no-rollback)";
-        return msg;
+        return unhealthy("\n  left as it is for debugging (--no-rollback)".into());
     }
-    let lkg = lkg_path(&d.unit);
-    let current = fs::read(&d.unit_path).unwrap_or_default();
-    match fs::read(&lkg) {
+    let lkg = lkg_path(&service.unit);
+    let current = fs::read(&service.unit_path).unwrap_or_default();
+    let outcome = match fs::read(&lkg) {
         Ok(good) if good != current => {
-            let _ = systemctl(&["stop", &d.unit]);
-            let restored = write_file_atomic(Path::new(&d.unit_path), &good, "root", "root", 0o644)
+            let _ = systemctl(&["stop", &service.unit]);
+            let restored = write_unit(&service.unit_path, &good)
                 .and_then(|_| systemctl(&["daemon-reload"]))
-                .and_then(|_| restart_and_watch(d));
+                .and_then(|_| restart_and_watch(service));
             match restored {
-                Ok(Some(Verdict::Ready { after_ms })) => {
-                    msg += &format!(
-                        "\n  rolled back to the last unit that passed the health gate ({lkg}): ready again after {:.1}s",
-                        after_ms as f64 / 1000.0
-                    );
-                }
-                Ok(Some(v)) => {
-                    msg += &format!(
-                        "\n  rolled back to {lkg}, but it failed too: {}",
-                        v.summary()
-                    )
-                }
-                Ok(None) => msg += &format!("\n  rolled back to {lkg}"),
-                Err(e) => msg += &format!("\n  rollback to {lkg} failed: {e}"),
+                Ok(Some(Verdict::Ready { after_ms })) => format!(
+                    "\n  rolled back to the last unit that passed the health gate ({lkg}): ready again after {:.1}s",
+                    after_ms as f64 / 1000.0
+                ),
+                Ok(Some(v)) => format!(
+                    "\n  rolled back to {lkg}, but it failed too: {}",
+                    v.summary()
+                ),
+                Ok(None) => format!("\n  rolled back to {lkg}"),
+                Err(e) => format!("\n  rollback to {lkg} failed: {e}"),
             }
         }
         _ => {
-            let _ = systemctl(&["stop", &d.unit]);
-            msg += "\n  no earlier unit passed the health gate, so there is nothing to roll back to; the unit was stopped";
+            let _ = systemctl(&["stop", &service.unit]);
+            "\n  no earlier unit passed the health gate, so there is nothing to roll back to; the unit was stopped".into()
         }
-    }
-    msg
+    };
+    unhealthy(outcome)
 }
 
 #[cfg(test)]

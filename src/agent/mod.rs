@@ -8,6 +8,7 @@ pub mod cache;
 pub mod client;
 pub mod deploy;
 pub mod preflight;
+pub mod sglang_rules;
 
 use std::io::{BufRead, Write};
 use std::time::Instant;

@@ -11,6 +11,7 @@ use crate::plan::Target;
 use crate::render::Renderer;
 use crate::render::context::{NodeGpuView, container_context, guest_host};
 use crate::render::roles::RoleSet;
+use crate::render::service::build_all;
 use crate::resources::apt::AptSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::file::FileSpec;
@@ -55,6 +56,7 @@ pub fn desired_state(
     for (node_name, node) in &loaded.inventory.nodes {
         let view = gpu_view(node_name.as_str());
         for (ct_name, ct) in &node.containers {
+            let services = build_all(ct, &loaded.path);
             let ctx = container_context(
                 node_name,
                 node,
@@ -62,6 +64,7 @@ pub fn desired_state(
                 ct,
                 view.as_ref(),
                 &loaded.base_dir,
+                &services,
             );
             let hostname = ct
                 .hostname
@@ -107,7 +110,7 @@ pub fn desired_state(
                     ));
                     continue;
                 }
-                match role.expand(&ctx, &library.renderer) {
+                match role.expand(&ctx, &library.renderer, &services) {
                     Ok(specs) => {
                         for spec in specs {
                             let d = Desired {
@@ -124,7 +127,7 @@ pub fn desired_state(
                 }
             }
             let guest = match merge_guest(guest) {
-                Ok(g) => g,
+                Ok(g) => keep_declared_dependencies(g),
                 Err(e) => {
                     errors.push(e);
                     continue;
@@ -209,6 +212,22 @@ fn merge_guest(resources: Vec<Desired>) -> Result<Vec<Desired>, Diagnostic> {
     }
     out.extend(rest);
     Ok(out)
+}
+
+/// A service built from the inventory depends on what it runs on among the resources its
+/// container's roles declare: which roles those are is the inventory's choice, so the
+/// rest is dropped here, not named in advance. A role's own service keeps its list, checked
+/// by [`check_dependencies`].
+fn keep_declared_dependencies(mut resources: Vec<Desired>) -> Vec<Desired> {
+    let declared: BTreeSet<String> = resources.iter().map(|r| r.spec.address()).collect();
+    for d in &mut resources {
+        if let ResourceSpec::Service(s) = &mut d.spec
+            && s.declared.from_inventory()
+        {
+            s.depends_on.retain(|dep| declared.contains(dep));
+        }
+    }
+    resources
 }
 
 /// Every `depends_on` of a service names a resource on the same target.

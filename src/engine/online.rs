@@ -162,16 +162,21 @@ pub fn apply(
         for r in &results {
             on_step(&t.target, r);
         }
-        if let Some(failed) = results.iter().find(|r| r.error.is_some()) {
-            return Err(Diagnostic::new(format!(
+        if let Some((index, failed)) = results.iter().enumerate().find(|(_, r)| r.error.is_some()) {
+            let mut d = Diagnostic::new(format!(
                 "{} failed on {}",
                 failed.description,
                 t.target.heading()
             ))
-            .cause(failed.error.clone().unwrap_or_default())
-            .hints(failed.hints.iter().cloned())
-            .hint("fix the cause and run apply again: steps already done are not repeated")
-            .into());
+            .cause(failed.error.clone().unwrap_or_default());
+            // A service built from the inventory says where it was declared.
+            if let Some(at) = steps.get(index).and_then(declared_at) {
+                d = d.cause(format!("the service is declared at {at}"));
+            }
+            return Err(d
+                .hints(failed.hints.iter().cloned())
+                .hint("fix the cause and run apply again: steps already done are not repeated")
+                .into());
         }
         if results.len() < steps.len() {
             return Err(Diagnostic::new(format!(
@@ -273,6 +278,15 @@ fn refuse_stale(
         .into())
 }
 
+/// Where the inventory declared the service a step is for, when it was built from it.
+fn declared_at(op: &Op) -> Option<String> {
+    match op {
+        Op::Guest(Step::Preflight(s)) => s.declared.at(""),
+        Op::Guest(Step::DeployService(d)) => d.service.declared.at(""),
+        _ => None,
+    }
+}
+
 /// The preflight steps of the services this target plan (re)starts, by unit file.
 fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
     t.changes
@@ -280,8 +294,8 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
         .filter_map(|c| match &c.spec {
             ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
                 .preflight
-                .clone()
-                .map(|p| (svc.unit_path.clone(), Step::Preflight(p))),
+                .is_some()
+                .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
             _ => None,
         })
         .collect()

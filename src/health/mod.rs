@@ -14,6 +14,26 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The health gate's settings for one service: what must answer, and how long to wait.
+/// Part of the service's one description (`resources::service::ServiceSpec`), read by the
+/// plan (`check` asks the URL), the deploy and [`watch::watch`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Readiness {
+    /// URL that must list `served_model_name` (`http://127.0.0.1:30000/v1/models`).
+    pub url: String,
+    /// The model name the URL must list.
+    pub served_model_name: String,
+    /// Port the server listens on, on the target.
+    pub port: u16,
+    /// Give up after this many milliseconds.
+    pub deadline_ms: u64,
+    /// A hang: nothing moved for this many milliseconds while the port is closed.
+    pub stall_timeout_ms: u64,
+    /// How often to look, in milliseconds.
+    pub poll_interval_ms: u64,
+}
+
 /// What one poll saw.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Observation {

@@ -9,29 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use super::http::HttpClient;
-use super::{Gate, Limits, Observation, Verdict, activity};
-
-/// What to watch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WatchSpec {
-    /// The unit.
-    pub unit: String,
-    /// Its port on this machine.
-    pub port: u16,
-    /// URL that must list the model (`http://127.0.0.1:30000/v1/models`).
-    pub url: String,
-    /// The model name the URL must list.
-    pub served_model_name: String,
-    /// Give up after this many milliseconds.
-    pub deadline_ms: u64,
-    /// A still log this long (process alive, port closed) is a hang.
-    pub stall_timeout_ms: u64,
-    /// Poll period.
-    pub poll_interval_ms: u64,
-}
+use super::{Gate, Limits, Observation, Readiness, Verdict, activity};
 
 /// The journal's position now, so a watch sees only what comes after it.
 pub fn journal_cursor(unit: &str) -> Option<String> {
@@ -110,8 +89,13 @@ pub fn health_url(url: &str) -> String {
     format!("http://{base}/health")
 }
 
-/// Watches the unit from `cursor` until a verdict; `progress` sees each new last line.
-pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(&str)) -> Verdict {
+/// Watches `unit` from `cursor` until a verdict on `spec`; `progress` sees each new last line.
+pub fn watch(
+    unit: &str,
+    spec: &Readiness,
+    cursor: Option<String>,
+    progress: &mut dyn FnMut(&str),
+) -> Verdict {
     let mut gate = Gate::new(Limits {
         deadline: Duration::from_millis(spec.deadline_ms),
         stall_timeout: Duration::from_millis(spec.stall_timeout_ms),
@@ -124,7 +108,7 @@ pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(
     let gpu = activity::gpu_memory_mib().is_some();
     loop {
         let props = unit_properties(
-            &spec.unit,
+            unit,
             &[
                 "ActiveState",
                 "SubState",
@@ -134,7 +118,7 @@ pub fn watch(spec: &WatchSpec, cursor: Option<String>, progress: &mut dyn FnMut(
                 "ControlGroup",
             ],
         );
-        let (new_lines, next) = journal_after(&spec.unit, &cursor);
+        let (new_lines, next) = journal_after(unit, &cursor);
         cursor = next;
         let get = |k: &str| props.get(k).cloned().unwrap_or_default();
         let main_pid = get("MainPID").parse().ok().filter(|p| *p != 0);

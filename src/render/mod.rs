@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod roles;
+pub mod service;
 pub mod sglang;
 pub mod systemd;
 

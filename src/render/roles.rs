@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{Renderer, list_dir};
+use super::service::BuiltService;
+use super::{Renderer, list_dir, scalar_text};
 use crate::diagnostic::Diagnostic;
 use crate::inventory::load::{diagnostic_at, parse_yaml};
 use crate::inventory::spanned::Sp;
@@ -150,11 +151,13 @@ impl Role {
             .cloned()
     }
 
-    /// The role's resources for a container whose context is `ctx`.
+    /// The role's resources for a container whose context is `ctx` and whose inventory
+    /// services are `services`.
     pub fn expand(
         &self,
         ctx: &Value,
         renderer: &Renderer,
+        services: &[BuiltService],
     ) -> Result<Vec<ResourceSpec>, Diagnostic> {
         let scopes: Vec<Value> = match self.file.for_each {
             None => vec![ctx.clone()],
@@ -178,7 +181,7 @@ impl Role {
         let mut out = Vec::new();
         for scope in &scopes {
             for entry in &self.file.resources {
-                if let Some(spec) = self.expand_entry(entry, scope, renderer)? {
+                if let Some(spec) = self.expand_entry(entry, scope, renderer, services)? {
                     out.push(spec);
                 }
             }
@@ -191,6 +194,7 @@ impl Role {
         entry: &Sp<Value>,
         scope: &Value,
         renderer: &Renderer,
+        services: &[BuiltService],
     ) -> Result<Option<ResourceSpec>, Diagnostic> {
         let Some(obj) = entry.value.as_object() else {
             return Err(self.error_at(
@@ -242,25 +246,11 @@ impl Role {
             }
         }
         if kind == "service"
-            && let Some(t) = rendered.remove("unit_template")
+            && let Some(of) = rendered.remove("of")
         {
-            let name = t.as_str().unwrap_or_default().to_string();
-            let contexts = rendered
-                .remove("fallbacks")
-                .unwrap_or(Value::Array(Vec::new()));
-            let mut units = Vec::new();
-            for fb in contexts.as_array().into_iter().flatten() {
-                let mut fb_scope = scope.clone();
-                fb_scope["service"] = fb.clone();
-                units.push(serde_json::json!({
-                    "name": fb["fallback_name"],
-                    "content": renderer.render(&name, &fb_scope)?,
-                    "exec_start": fb["exec_start"],
-                    "environment": fb["environment_assignments"],
-                    "preflight": fb["preflight"],
-                }));
-            }
-            rendered.insert("fallbacks".into(), Value::Array(units));
+            return self
+                .inventory_service(entry, of, rendered, scope, renderer, services)
+                .map(Some);
         }
         if matches!(kind.as_str(), "file" | "directory") {
             for key in ["owner", "group"] {
@@ -288,6 +278,61 @@ impl Role {
                 self.error_at(entry.pos, format!("resource of kind `{kind}`: {e}"))
                     .hint("see docs/roles.md for each kind's fields")
             })
+    }
+}
+
+impl Role {
+    /// A `service` entry with `of: NAME`: the inventory's service of that name as built in
+    /// Rust ([`BuiltService`]), its fallbacks' unit files rendered from `unit_template`.
+    fn inventory_service(
+        &self,
+        entry: &Sp<Value>,
+        of: Value,
+        mut fields: Map<String, Value>,
+        scope: &Value,
+        renderer: &Renderer,
+        services: &[BuiltService],
+    ) -> Result<ResourceSpec, Diagnostic> {
+        let name = scalar_text(&of);
+        let built = services.iter().find(|s| s.name == name).ok_or_else(|| {
+            self.error_at(
+                entry.pos,
+                format!("`of: {name}` names no service of this container"),
+            )
+            .hint("`of:` takes a name under the container's `services:`, e.g. \"{{service.name}}\" with `for_each: service`")
+        })?;
+        fields.remove("kind");
+        let template = fields.remove("unit_template");
+        if let Some(field) = fields.keys().next() {
+            return Err(self
+                .error_at(
+                    entry.pos,
+                    format!("field `{field}`: a service built from the inventory (`of:`) takes only `unit_template`"),
+                )
+                .hint("the inventory's service settings say the rest; see docs/roles.md"));
+        }
+        let spec = match template {
+            Some(t) => {
+                let template = scalar_text(&t);
+                built.with_fallbacks(|view| {
+                    let mut fb_scope = scope.clone();
+                    fb_scope["service"] = serde_json::to_value(view).map_err(|e| {
+                        Diagnostic::new("a fallback's view does not serialize").cause(e.to_string())
+                    })?;
+                    renderer.render(&template, &fb_scope)
+                })?
+            }
+            None if !built.fallbacks.is_empty() => {
+                return Err(self
+                    .error_at(
+                        entry.pos,
+                        format!("service `{name}` declares fallbacks, but this entry names no `unit_template` to render their units"),
+                    )
+                    .hint("add `unit_template:` with the template of the service's unit file"));
+            }
+            None => built.spec.clone(),
+        };
+        Ok(ResourceSpec::Service(Box::new(spec)))
     }
 }
 

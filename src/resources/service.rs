@@ -2,20 +2,25 @@
 //! changed, and health-gated after every (re)start.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::agent::deploy::{Deploy, FallbackUnit, loaded_argv, loaded_differences_of};
-use crate::agent::preflight::{PreflightSpec, release, release_rules};
+use crate::agent::deploy::{Deploy, loaded_argv, loaded_differences_of};
+use crate::agent::preflight::Preflight;
+use crate::agent::sglang_rules::{Finding, release, release_rules};
+use crate::health::Readiness;
 use crate::health::process::value_digest;
-use crate::health::watch::WatchSpec;
+use crate::inventory::Pos;
 use crate::plan::{Action, Attribute, Change};
 use crate::render::systemd::{assignments, split_shown};
 
-/// A service's desired state.
+/// A service, the one description of it: built once in Rust from the inventory (or written
+/// by a role), shown in the plan, diffed against what runs, carried by the deploy step, and
+/// read by the preflight and the health gate. Its unit file is a separate `file` resource.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceSpec {
@@ -23,12 +28,19 @@ pub struct ServiceSpec {
     pub unit: String,
     /// The unit's file.
     pub unit_path: String,
-    /// The argv its `ExecStart=` runs, to compare with what systemd loaded.
+    /// The argv its `ExecStart=` runs, to compare with what systemd loaded; empty when a
+    /// role leaves the proof to the unit file (`FragmentPath`, no pending reload).
     #[serde(default)]
     pub exec_start: Vec<String>,
     /// `NAME=value` assignments of its `Environment=` lines, likewise.
     #[serde(default)]
     pub environment: Vec<String>,
+    /// The user it runs as.
+    #[serde(default = "root")]
+    pub user: String,
+    /// Its working directory.
+    #[serde(default = "slash")]
+    pub working_directory: String,
     /// Start at boot.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -37,38 +49,101 @@ pub struct ServiceSpec {
     pub depends_on: Vec<String>,
     /// The health gate after a (re)start, if any.
     #[serde(default)]
-    pub readiness: Option<ReadinessSpec>,
-    /// Checks run on the target before the unit is written or the service restarted.
+    pub readiness: Option<Readiness>,
+    /// The SGLang preflight before the unit is written or the service restarted, if any.
     #[serde(default)]
-    pub preflight: Option<PreflightSpec>,
+    pub preflight: Option<Preflight>,
     /// Degraded variants of the unit, tried in order when the health gate fails.
     #[serde(default)]
-    pub fallbacks: Vec<FallbackUnit>,
+    pub fallbacks: Vec<Fallback>,
+    /// Where the inventory declared it (services built from the inventory only).
+    #[serde(skip)]
+    pub declared: Declared,
 }
 
 fn yes() -> bool {
     true
 }
 
-/// How to tell the service is ready after a (re)start.
+fn root() -> String {
+    "root".into()
+}
+
+fn slash() -> String {
+    "/".into()
+}
+
+/// A degraded variant of a service (inventory `fallback:`): its unit file in full, and
+/// what that file makes systemd run. Everything else is the service's own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReadinessSpec {
-    /// URL that must list `served_model_name`.
-    pub url: String,
-    /// The model name `/v1/models` must list.
-    pub served_model_name: String,
-    /// Port the server listens on.
-    pub port: u16,
-    /// Give up after this many milliseconds.
-    pub deadline_ms: u64,
-    /// A hang: no new log line for this many milliseconds while the port is closed.
-    pub stall_timeout_ms: u64,
-    /// How often to look, in milliseconds.
-    pub poll_interval_ms: u64,
+pub struct Fallback {
+    /// What it is, e.g. `without MTP`.
+    pub name: String,
+    /// The whole unit file.
+    pub content: String,
+    /// Its argv, to prove it loaded.
+    pub exec_start: Vec<String>,
+    /// Its environment, likewise.
+    pub environment: Vec<String>,
+}
+
+/// Where in the inventory a service was declared, kept with the typed value so that what
+/// is found after rendering (a release rule at plan time, a refused apply) points at the
+/// line to change. Never serialized and never compared: two services are equal whatever
+/// their positions.
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    /// The inventory file; empty for a service a role wrote itself.
+    pub file: PathBuf,
+    /// The service's own position (its `served_model_name`).
+    pub service: Pos,
+    /// Positions of the settings behind argv flags (`--mamba-scheduler-strategy`) and
+    /// environment variables (`SGLANG_ENABLE_SPEC_V2`), by flag or name.
+    pub settings: BTreeMap<String, Pos>,
+}
+
+impl PartialEq for Declared {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Declared {
+    /// Whether the service was built from the inventory (not written by a role).
+    pub fn from_inventory(&self) -> bool {
+        !self.file.as_os_str().is_empty()
+    }
+
+    /// `file:line:col` of `setting`, else of the service; `None` for a role's own service.
+    pub fn at(&self, setting: &str) -> Option<String> {
+        if !self.from_inventory() {
+            return None;
+        }
+        let pos = self.settings.get(setting).copied().unwrap_or(self.service);
+        Some(format!("{}:{pos}", self.file.display()))
+    }
 }
 
 impl ServiceSpec {
+    /// The same service running fallback `fb`'s unit instead.
+    pub fn with_fallback(&self, fb: &Fallback) -> ServiceSpec {
+        ServiceSpec {
+            exec_start: fb.exec_start.clone(),
+            environment: fb.environment.clone(),
+            fallbacks: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// A preflight finding for people, with where the inventory set what it is about.
+    pub fn located(&self, finding: &Finding) -> String {
+        match self.declared.at(&finding.about) {
+            Some(at) => format!("{} (set at {at})", finding.message),
+            None => finding.message.clone(),
+        }
+    }
+
     fn readiness_probe(&self) -> Option<Probe> {
         self.readiness.as_ref().map(|r| Probe::Readiness {
             url: r.url.clone(),
@@ -185,18 +260,7 @@ impl Resource for ServiceSpec {
             ));
         }
         if let Some(u) = found {
-            let loaded = Deploy {
-                unit: self.unit.clone(),
-                unit_path: self.unit_path.clone(),
-                exec_start: self.exec_start.clone(),
-                environment: self.environment.clone(),
-                enable: false,
-                restart: false,
-                watch: None,
-                rollback: false,
-                fallbacks: Vec::new(),
-            };
-            for why in loaded_differences_of(&loaded, &u.properties) {
+            for why in loaded_differences_of(self, &u.properties) {
                 d = d.reason(why);
             }
             if !d.reasons.is_empty() {
@@ -261,7 +325,7 @@ impl Resource for ServiceSpec {
     }
 
     fn warnings(&self, facts: &Facts) -> Vec<String> {
-        let (Some(spec), Some((venv, config))) = (&self.preflight, self.rule_probes()) else {
+        let (Some(_), Some((venv, config))) = (&self.preflight, self.rule_probes()) else {
             return Vec::new();
         };
         let version = facts
@@ -277,11 +341,11 @@ impl Resource for ServiceSpec {
             .and_then(|p| p.content.as_deref())
             .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
             .and_then(|v| v["architectures"][0].as_str().map(str::to_string));
-        let (errors, warnings) = release_rules(spec, version, arch.as_deref());
+        let (errors, warnings) = release_rules(self, version, arch.as_deref());
         errors
-            .into_iter()
-            .map(|e| format!("the preflight will refuse this: {e}"))
-            .chain(warnings)
+            .iter()
+            .map(|e| format!("the preflight will refuse this: {}", self.located(e)))
+            .chain(warnings.iter().map(|w| self.located(w)))
             .collect()
     }
 
@@ -289,26 +353,11 @@ impl Resource for ServiceSpec {
         // Only `enabled` differing needs no restart; anything else does (a start when
         // stopped, a restart when a dependency or the loaded unit changed).
         let restart = change.attributes.iter().any(|a| a.name != "enabled");
-        let watch = self.readiness.as_ref().map(|r| WatchSpec {
-            unit: self.unit.clone(),
-            port: r.port,
-            url: r.url.clone(),
-            served_model_name: r.served_model_name.clone(),
-            deadline_ms: r.deadline_ms,
-            stall_timeout_ms: r.stall_timeout_ms,
-            poll_interval_ms: r.poll_interval_ms,
-        });
-        Ok(vec![Step::DeployService(Deploy {
-            unit: self.unit.clone(),
-            unit_path: self.unit_path.clone(),
-            exec_start: self.exec_start.clone(),
-            environment: self.environment.clone(),
-            enable: self.enabled,
+        Ok(vec![Step::DeployService(Box::new(Deploy {
+            service: self.clone(),
             restart,
-            watch,
             rollback: true,
-            fallbacks: self.fallbacks.clone(),
-        })])
+        }))])
     }
 }
 
@@ -406,11 +455,14 @@ mod tests {
             unit_path: "/etc/systemd/system/my.service".into(),
             exec_start: exec_start.iter().map(|s| s.to_string()).collect(),
             environment: vec!["A=two words".into()],
+            user: root(),
+            working_directory: slash(),
             enabled: true,
             depends_on: Vec::new(),
             readiness: None,
             preflight: None,
             fallbacks: Vec::new(),
+            declared: Declared::default(),
         }
     }
 

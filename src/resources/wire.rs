@@ -321,6 +321,18 @@ impl From<String> for StepError {
     }
 }
 
+impl From<crate::agent::deploy::DeployError> for StepError {
+    fn from(e: crate::agent::deploy::DeployError) -> Self {
+        e.to_string().into()
+    }
+}
+
+impl From<crate::agent::preflight::PreflightError> for StepError {
+    fn from(e: crate::agent::preflight::PreflightError) -> Self {
+        e.to_string().into()
+    }
+}
+
 /// One change to make on the target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
@@ -378,10 +390,10 @@ pub enum Step {
     /// Download a model next to its storage, every file verified.
     ModelPull(Box<ModelPull>),
     /// Check a service's new argv before anything of it is written or restarted.
-    Preflight(crate::agent::preflight::PreflightSpec),
+    Preflight(Box<super::service::ServiceSpec>),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
-    DeployService(crate::agent::deploy::Deploy),
+    DeployService(Box<crate::agent::deploy::Deploy>),
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -415,12 +427,12 @@ impl Step {
             Step::GitCheckout { path, revision, .. } => {
                 format!("git checkout {revision} in {path}")
             }
-            Step::Preflight(p) => format!("preflight {}", p.unit),
+            Step::Preflight(s) => format!("preflight {}", s.unit),
             Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
-                d.unit,
-                if d.restart && d.watch.is_some() {
+                d.service.unit,
+                if d.restart && d.service.readiness.is_some() {
                     " and wait until it is ready"
                 } else {
                     ""
@@ -433,12 +445,10 @@ impl Step {
     pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return Ok(crate::agent::deploy::deploy(d).map(|r| serde_json::to_value(r).ok())?);
+                return Ok(serde_json::to_value(crate::agent::deploy::deploy(d)?).ok());
             }
-            Step::Preflight(p) => {
-                return Ok(
-                    crate::agent::preflight::preflight(p).map(|r| serde_json::to_value(r).ok())?
-                );
+            Step::Preflight(s) => {
+                return Ok(serde_json::to_value(crate::agent::preflight::preflight(s)?).ok());
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {
