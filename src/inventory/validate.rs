@@ -49,9 +49,10 @@ pub fn validate(loaded: &Loaded, known_roles: &[String]) -> Result<(), Diagnosti
         errors: Vec::new(),
     };
     if loaded.inventory.nodes.is_empty() {
-        v.errors.push(
-            Diagnostic::new("the inventory declares no nodes")
-                .hint("add a node under `nodes:`; see inventory/llm-two.yaml"),
+        v.err(
+            loaded.top_level_pos("nodes"),
+            "the inventory declares no nodes",
+            "add a node under `nodes:`; see inventory/llm-two.yaml",
         );
     }
     for (node_name, node) in &loaded.inventory.nodes {
