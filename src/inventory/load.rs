@@ -381,7 +381,7 @@ mod tests {
 
     #[test]
     fn no_nodes_points_at_the_nodes_key() {
-        // Found by fuzzing: `nodes: {}` was reported without a position.
+        // The fuzz target's invariant (every error has a position): `nodes: {}` had none.
         let (inventory, source) =
             parse_bytes(Path::new("t.yaml"), b"# an inventory\nnodes: {}\n").unwrap();
         let loaded = Loaded {
