@@ -21,12 +21,20 @@ pub struct SourceLocation {
     pub line_text: String,
 }
 
+/// The lines of `source` as YAML counts them (and so every position in a diagnostic): a
+/// line ends at `\n`, `\r\n` or a lone `\r`. `str::lines` keeps a lone `\r` inside a line,
+/// which put positions past the end of a file written with old Mac line endings.
+pub fn source_lines(source: &str) -> impl Iterator<Item = &str> {
+    source
+        .split('\n')
+        .flat_map(|l| l.strip_suffix('\r').unwrap_or(l).split('\r'))
+}
+
 impl SourceLocation {
     /// A location in `source` (the whole file text) at `line:column`, underlining `width`
     /// characters or, when `width` is 0, the token that starts there.
     pub fn new(file: &Path, source: &str, line: usize, column: usize, width: usize) -> Self {
-        let line_text = source
-            .lines()
+        let line_text = source_lines(source)
             .nth(line.saturating_sub(1))
             .unwrap_or("")
             .to_string();
@@ -249,6 +257,15 @@ mod tests {
         assert_eq!(token_width("  port: 30000 # x", 9), 5);
         assert_eq!(token_width("  x: \"a b\" # c", 6), 5);
         assert_eq!(token_width("  url: http://a:8006/x", 8), 15);
+    }
+
+    #[test]
+    fn lines_end_at_carriage_returns_as_in_yaml() {
+        // Found by fuzzing: a file with lone `\r` line breaks had positions past its end.
+        let lines: Vec<&str> = source_lines("a\rb\r\nc\n\rd").collect();
+        assert_eq!(lines, ["a", "b", "c", "", "d"]);
+        let loc = SourceLocation::new(Path::new("f"), "x: 1\ry: 2\r", 2, 1, 0);
+        assert_eq!(loc.line_text, "y: 2");
     }
 
     #[test]

@@ -262,6 +262,26 @@ fn readiness_stall_shorter_than_deadline() {
     );
 }
 
+/// A rule between two values broken by a default on one side points at the value the user
+/// wrote (found by fuzzing: the error had no position).
+#[test]
+fn rules_broken_by_a_default_point_at_the_written_value() {
+    let stall = line_of("stall_timeout: 5m");
+    let e = broken("stall_timeout: 5m", "stall_timeout: 1s");
+    assert!(
+        e.contains("poll_interval is not shorter than stall_timeout")
+            && e.contains(&format!("inventory/llm-two.yaml:{stall}:30")),
+        "{e}"
+    );
+    let e = broken("tp: 4", "tp: 4\n            restart: { delay: 10m }");
+    let restart = line_of("tp: 4") + 1;
+    assert!(
+        e.contains("a crash loop would never hit the start limit")
+            && e.contains(&format!("inventory/llm-two.yaml:{restart}:")),
+        "{e}"
+    );
+}
+
 #[test]
 fn unknown_role_suggests() {
     let e = broken("sglang]", "sglan]");

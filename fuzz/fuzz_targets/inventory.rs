@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use provision::diagnostic::Diagnostic;
+use provision::diagnostic::{Diagnostic, source_lines};
 use provision::engine::desired::{Library, desired_state};
 use provision::inventory::load::parse_bytes;
 use provision::inventory::validate::validate;
@@ -32,7 +32,7 @@ fn assert_located(d: &Diagnostic, source: &str) {
         panic!("an error without file:line:col:\n{rendered}");
     };
     // A position may be one past the last line (the end of the file), never further.
-    let lines = source.lines().count().max(1);
+    let lines = source_lines(source).count();
     assert!(
         loc.line >= 1 && loc.line <= lines + 1 && loc.column >= 1,
         "position {}:{} outside the file ({lines} lines):\n{rendered}",

@@ -8,7 +8,7 @@ use serde_saphyr::options::AliasLimits;
 use super::node::Inventory;
 use super::secret::INLINE_SECRET_ERROR;
 use super::spanned::Pos;
-use crate::diagnostic::{Diagnostic, Diagnostics, SourceLocation};
+use crate::diagnostic::{Diagnostic, Diagnostics, SourceLocation, source_lines};
 
 /// Inventories are small; anything larger is a mistake (or an attack).
 const MAX_INVENTORY_BYTES: usize = 4 * 1024 * 1024;
@@ -30,6 +30,17 @@ impl Loaded {
     /// A diagnostic at `pos` in this file (no location when `pos` is unknown).
     pub fn diag(&self, pos: Pos, message: impl Into<String>) -> Diagnostic {
         diagnostic_at(&self.path, &self.source, pos, message)
+    }
+
+    /// Where the top-level `key:` is written, for errors about a whole mapping (which keeps
+    /// no position of its own); the file's start when it is not on a line of its own.
+    pub fn top_level_pos(&self, key: &str) -> Pos {
+        let line = source_lines(&self.source)
+            .position(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')));
+        Pos {
+            line: line.map_or(1, |i| i as u32 + 1),
+            column: 1,
+        }
     }
 }
 
@@ -100,10 +111,9 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Dia
     let source = match std::str::from_utf8(bytes) {
         Ok(s) => s.to_string(),
         Err(e) => {
-            let good = &bytes[..e.valid_up_to()];
-            let line = good.iter().filter(|&&b| b == b'\n').count() + 1;
-            let line_start = good.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            let column = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
+            let good = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
+            let line = source_lines(good).count();
+            let column = source_lines(good).last().unwrap_or("").chars().count() + 1;
             return Err(Diagnostic::new("the inventory is not UTF-8 text")
                 .at(SourceLocation {
                     file: path.to_path_buf(),
@@ -117,11 +127,10 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Dia
         }
     };
     if source.trim().is_empty()
-        || source
-            .lines()
-            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        || source_lines(&source).all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
     {
         return Err(Diagnostic::new(format!("{} is empty", path.display()))
+            .at(SourceLocation::new(path, &source, 1, 1, 0))
             .hint("an inventory needs at least `nodes:`; see inventory/llm-two.yaml"));
     }
     parse_yaml::<Inventory>(path, &source).map(|inv| (inv, source))
@@ -207,8 +216,7 @@ fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagno
         }
         E::Message { msg, .. } => explain_unknown(msg, &mut hints, &mut width),
         E::Unexpected { expected, location } => {
-            let found = source
-                .lines()
+            let found = source_lines(source)
                 .nth((location.line() as usize).saturating_sub(1))
                 .and_then(|l| {
                     l.chars()
@@ -350,13 +358,58 @@ mod tests {
     #[test]
     fn duplicate_key_and_empty_and_binary() {
         assert!(err("nodes: {}\nnodes: {}\n").contains("duplicate key `nodes`"));
-        assert!(err("# only a comment\n").contains("is empty"));
+        // A lone `\r` ends a line in YAML: the file is not only a comment.
+        let cr = err("# a comment\rnodes: {}\rnodes: {}\r");
+        assert!(
+            cr.contains("duplicate key") && cr.contains("t.yaml:3:1"),
+            "{cr}"
+        );
+        let empty = err("# only a comment\n");
+        // Found by fuzzing: the one error without a position.
+        assert!(
+            empty.contains("is empty") && empty.contains("t.yaml:1:1"),
+            "{empty}"
+        );
         let bin = parse_bytes(Path::new("t.yaml"), b"nodes:\n  \xff\xfe")
             .unwrap_err()
             .render(false);
         assert!(
             bin.contains("not UTF-8") && bin.contains("t.yaml:2:3"),
             "{bin}"
+        );
+    }
+
+    #[test]
+    fn no_nodes_points_at_the_nodes_key() {
+        // The fuzz target's invariant (every error has a position): `nodes: {}` had none.
+        let (inventory, source) =
+            parse_bytes(Path::new("t.yaml"), b"# an inventory\nnodes: {}\n").unwrap();
+        let loaded = Loaded {
+            path: "t.yaml".into(),
+            base_dir: ".".into(),
+            source,
+            inventory,
+        };
+        let e = super::super::validate::validate(&loaded, &[])
+            .unwrap_err()
+            .render(false);
+        assert!(
+            e.contains("declares no nodes") && e.contains("t.yaml:2:1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_pip_pin_points_at_the_inventory() {
+        // Found by fuzzing: `numpy==2.q.3` passed validation and failed in the ml-env role,
+        // pointing at the built-in role instead of the inventory.
+        let yaml = "path: /root/ml-env\npython: \"3.12\"\npackages:\n  - numpy==2.q.3\n";
+        let e = parse_yaml::<crate::inventory::software::MlEnv>(Path::new("t.yaml"), yaml)
+            .unwrap_err()
+            .render(false);
+        assert!(
+            e.contains("not a PEP 508 requirement") && e.contains("t.yaml:4:"),
+            "{e}"
         );
     }
 

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::str::FromStr;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de;
@@ -181,6 +182,11 @@ impl<'de> Deserialize<'de> for Pinned {
         if !name_ok || !version_ok {
             return Err(bad("is not a pinned requirement"));
         }
+        // The pip resource reads it as PEP 508: refuse here, at the inventory's line, what
+        // it would refuse later at the role's (found by fuzzing: `numpy==2.q.3`).
+        if let Err(e) = pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(&s) {
+            return Err(bad(&format!("is not a PEP 508 requirement: {}", e.message)));
+        }
         Ok(Pinned {
             name: name.to_string(),
             version: version.to_string(),
@@ -305,5 +311,7 @@ mod tests {
         let p: Pinned = serde_json::from_str("\"sglang[all]==0.5.10\"").unwrap();
         assert_eq!(p.normalized_name(), "sglang");
         assert!(serde_json::from_str::<Pinned>("\"torch>=2\"").is_err());
+        let e = serde_json::from_str::<Pinned>("\"numpy==2.q.3\"").unwrap_err();
+        assert!(e.to_string().contains("not a PEP 508 requirement"), "{e}");
     }
 }

@@ -49,9 +49,10 @@ pub fn validate(loaded: &Loaded, known_roles: &[String]) -> Result<(), Diagnosti
         errors: Vec::new(),
     };
     if loaded.inventory.nodes.is_empty() {
-        v.errors.push(
-            Diagnostic::new("the inventory declares no nodes")
-                .hint("add a node under `nodes:`; see inventory/llm-two.yaml"),
+        v.err(
+            loaded.top_level_pos("nodes"),
+            "the inventory declares no nodes",
+            "add a node under `nodes:`; see inventory/llm-two.yaml",
         );
     }
     for (node_name, node) in &loaded.inventory.nodes {
@@ -732,7 +733,11 @@ impl Validator<'_> {
                 && loop_time >= restart.start_limit_interval.millis()
             {
                 self.err(
-                    restart.start_limit_interval.pos,
+                    written(&[
+                        restart.start_limit_interval.pos,
+                        restart.delay.pos,
+                        restart.start_limit_burst.pos,
+                    ]),
                     format!(
                         "a crash loop would never hit the start limit: {} restarts {} apart take at least {}, not less than the {} interval",
                         restart.start_limit_burst.value,
@@ -745,11 +750,11 @@ impl Validator<'_> {
             }
             let r = &svc.readiness;
             if r.stall_timeout.value >= r.deadline.value {
-                self.err(r.stall_timeout.pos, "stall_timeout is not shorter than the deadline", "a hang should be called well before giving up, e.g. stall_timeout 5m, deadline 30m");
+                self.err(written(&[r.stall_timeout.pos, r.deadline.pos]), "stall_timeout is not shorter than the deadline", "a hang should be called well before giving up, e.g. stall_timeout 5m, deadline 30m");
             }
             if r.poll_interval.value >= r.stall_timeout.value {
                 self.err(
-                    r.poll_interval.pos,
+                    written(&[r.poll_interval.pos, r.stall_timeout.pos]),
                     "poll_interval is not shorter than stall_timeout",
                     "poll every few seconds, e.g. 2s",
                 );
@@ -759,6 +764,17 @@ impl Validator<'_> {
             }
         }
     }
+}
+
+/// The first of `positions` written in the file: a rule between two values may break by a
+/// default on one side, and the error must still point at the value the user wrote (found
+/// by fuzzing: `stall_timeout: 0m` against the default `poll_interval`).
+fn written(positions: &[Pos]) -> Pos {
+    positions
+        .iter()
+        .copied()
+        .find(Pos::is_known)
+        .unwrap_or_default()
 }
 
 fn check_http_url(v: &mut Validator<'_>, url: &Sp<Text>) {

@@ -279,8 +279,8 @@ lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.mount.entry: /dev/nvidia0 dev/nvidia
 
     #[test]
     fn description_keeps_carriage_returns() {
-        // Found by fuzzing: `lines()` dropped the `\r` of `#a%0D`, so a written config read
-        // back with another description.
+        // Seen while fixing the round trip the fuzz target checks: `lines()` dropped the `\r`
+        // of `#a%0D`, so a written config read back with another description.
         let conf = CtConfig::parse("#a%0D\n#\n#b\narch: amd64\n").unwrap();
         assert_eq!(conf.get("description"), Some("a\r\n\nb\n"));
         let raw = conf.to_raw();

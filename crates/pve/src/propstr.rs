@@ -249,7 +249,7 @@ mod tests {
     #[test]
     fn default_key_is_bare_only_where_it_reads_back() {
         // Found by fuzzing (fuzz/fuzz_targets/pve_config.rs): printed bare, `a=b` read back
-        // as key `a` and an empty volume vanished.
+        // as key `a`, and a blank or empty volume vanished.
         for value in ["volume=a=b,mp=/x", "volume=,mp=/x", "volume= ,mp=/x"] {
             let m = parse(&MP, value).unwrap();
             let printed = print(&MP, &m);
