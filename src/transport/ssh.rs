@@ -314,10 +314,12 @@ impl Transport for SshTransport {
         let mut conn = self.lock();
         let mut channel = self.channel(&mut conn)?;
         let session = &conn.session;
+        // Taken before the request: the remote `timeout` may start counting before `exec`
+        // returns here, and its 124 must still be seen as past the deadline.
+        let started = Instant::now();
         channel
             .exec(&remote_command(command, timeout))
             .map_err(|e| self.unreachable("cannot start the command", e))?;
-        let started = Instant::now();
         let deadline = started.checked_add(timeout.saturating_add(LOCAL_GRACE));
         session.set_blocking(false);
         let pumped = exec::pump(session, &conn.socket, &mut channel, stdin, deadline);
