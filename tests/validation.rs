@@ -282,6 +282,21 @@ fn rules_broken_by_a_default_point_at_the_written_value() {
     );
 }
 
+/// pep508_rs panics on a name ending in `.` before more text; provision refuses it with a
+/// position instead (found by fuzzing: `torc9.==h.21`).
+#[test]
+fn pip_names_that_crash_the_pep508_parser_are_refused() {
+    let e = broken("- torch==2.9.1", "- torch.==2.9.1");
+    assert!(
+        e.contains("must end with a letter or digit")
+            && e.contains(&format!(
+                "inventory/llm-two.yaml:{}:15",
+                line_of("- torch==2.9.1")
+            )),
+        "{e}"
+    );
+}
+
 #[test]
 fn unknown_role_suggests() {
     let e = broken("sglang]", "sglan]");

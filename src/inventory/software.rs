@@ -156,6 +156,30 @@ pub fn normalize_package_name(name: &str) -> String {
     out
 }
 
+/// Why a text is not a PEP 508 requirement, in the parser's words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Pep508Error(pub String);
+
+/// Parses a PEP 508 requirement. pep508_rs 0.9.2 panics (an `expect` in its `parse_name`)
+/// on a name that ends in `.`, `-` or `_` when more text follows (`torc9.==1`, found by
+/// fuzzing the inventory): such a name is refused before the parser sees it.
+pub fn parse_pep508(
+    text: &str,
+) -> Result<pep508_rs::Requirement<pep508_rs::VerbatimUrl>, Pep508Error> {
+    let name: String = text
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    if let Some(last) = name.chars().last().filter(|c| !c.is_ascii_alphanumeric()) {
+        return Err(Pep508Error(format!(
+            "package name `{name}` must end with a letter or digit, not `{last}`"
+        )));
+    }
+    pep508_rs::Requirement::from_str(text).map_err(|e| Pep508Error(e.message.to_string()))
+}
+
 impl fmt::Display for Pinned {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}=={}", self.name, self.version)
@@ -184,8 +208,8 @@ impl<'de> Deserialize<'de> for Pinned {
         }
         // The pip resource reads it as PEP 508: refuse here, at the inventory's line, what
         // it would refuse later at the role's (found by fuzzing: `numpy==2.q.3`).
-        if let Err(e) = pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(&s) {
-            return Err(bad(&format!("is not a PEP 508 requirement: {}", e.message)));
+        if let Err(e) = parse_pep508(&s) {
+            return Err(bad(&format!("is not a PEP 508 requirement: {e}")));
         }
         Ok(Pinned {
             name: name.to_string(),
@@ -313,5 +337,14 @@ mod tests {
         assert!(serde_json::from_str::<Pinned>("\"torch>=2\"").is_err());
         let e = serde_json::from_str::<Pinned>("\"numpy==2.q.3\"").unwrap_err();
         assert!(e.to_string().contains("not a PEP 508 requirement"), "{e}");
+        // pep508_rs panics on these unless they are refused first (found by fuzzing).
+        for text in ["torc9.==1.0", "a-==1", "b_[x]==2", "c. ==3"] {
+            let e = parse_pep508(text).unwrap_err();
+            assert!(
+                e.to_string().contains("must end with a letter or digit"),
+                "{e}"
+            );
+        }
+        assert!(parse_pep508("flash_attn.x==2.8.3").is_ok());
     }
 }

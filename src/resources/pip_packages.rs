@@ -64,13 +64,12 @@ impl FromStr for PipRequirement {
     type Err = RequirementError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let req =
-            pep508_rs::Requirement::<pep508_rs::VerbatimUrl>::from_str(text).map_err(|e| {
-                RequirementError::Syntax {
-                    text: text.to_string(),
-                    reason: e.message.to_string(),
-                }
-            })?;
+        let req = crate::inventory::software::parse_pep508(text).map_err(|e| {
+            RequirementError::Syntax {
+                text: text.to_string(),
+                reason: e.0,
+            }
+        })?;
         let unsupported = |what| RequirementError::Unsupported {
             text: text.to_string(),
             what,
