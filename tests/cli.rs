@@ -47,10 +47,31 @@ fn validate_examples() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
             let rel = format!("examples/{}", path.file_name().unwrap().to_string_lossy());
-            let r = run(&["validate", &rel]);
-            assert_eq!(r.code, 0, "{rel}: {}", r.stderr);
+            // examples/lab.yaml takes the lab's exports from the environment.
+            let out = provision()
+                .args(["validate", &rel])
+                .envs(lab_example_env())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{rel}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
+}
+
+/// Sample values of the variables examples/lab.yaml reads (tests/fixtures/lab-example.env).
+pub fn lab_example_env() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lab-example.env");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// Each bad inventory: exit 1, a clear error pointing into the file, never a panic.
@@ -476,4 +497,74 @@ fn a_users_role_naming_no_service_is_an_error_in_the_role() {
         "{}",
         r.stderr
     );
+}
+
+/// examples/lab.yaml with the lab's exports: its plan carries the values of the
+/// environment where the inventory references them (node SSH, the container's address,
+/// bridge and mount), and secrets stay out of it.
+#[test]
+fn lab_example_takes_its_values_from_the_environment() {
+    let env = lab_example_env();
+    let out = provision()
+        .args(["plan", "--offline", "examples/lab.yaml"])
+        .envs(env.clone())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "net0            = name=eth0,bridge=vmbre,ip=10.85.0.10/24,gw=10.85.0.1",
+        "mp0             = /var/lib/provision-lab-sample/shared,mp=/shared",
+        "root@10.85.0.10:22",
+        "http://10.85.0.1:8580/git/sglang.git",
+    ] {
+        assert!(stdout.contains(want), "no `{want}` in:\n{stdout}");
+    }
+    for (k, v) in &env {
+        if k.contains("PASSWORD") || k.contains("TOKEN") {
+            assert!(!stdout.contains(v.as_str()), "{k}'s value in the plan");
+        }
+    }
+}
+
+/// A variable not set: exit 1, each one named with the line and column it is referenced
+/// at, and a hint.
+#[test]
+fn lab_example_without_the_environment_names_each_unset_variable() {
+    let mut cmd = provision();
+    cmd.args(["validate", "examples/lab.yaml"]);
+    for (k, v) in lab_example_env() {
+        if k == "LAB_GUEST_IP" || k == "PVE_NODE_SSH_PORT" {
+            cmd.env_remove(&k);
+        } else {
+            cmd.env(k, v);
+        }
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/lab.yaml"))
+            .unwrap();
+    let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let port = format!("examples/lab.yaml:{}:13", line_of("env: PVE_NODE_SSH_PORT"));
+    assert!(stderr.contains(&port), "no {port} in:\n{stderr}");
+    assert!(
+        stderr.contains("environment variable `PVE_NODE_SSH_PORT` is not set"),
+        "{stderr}"
+    );
+    let ip = format!("line {}, column 17", line_of("env: LAB_GUEST_IP"));
+    assert!(
+        stderr.contains("`LAB_GUEST_IP` is not set") && stderr.contains(&ip),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: export PVE_NODE_SSH_PORT"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

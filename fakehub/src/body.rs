@@ -15,6 +15,8 @@ use crate::content;
 /// A generated file body, with its faults.
 pub(crate) struct GenBody {
     pub seed: u64,
+    /// The file's bytes when they are given rather than generated.
+    pub literal: Option<Arc<[u8]>>,
     pub pos: u64,
     pub end: u64,
     pub reset_at: Option<u64>,
@@ -99,7 +101,10 @@ impl GenBody {
             self.sleep = Some(Box::pin(tokio::time::sleep(delay)));
         }
         let mut buf = BytesMut::zeroed(n as usize);
-        content::fill(self.seed, self.pos, &mut buf);
+        match &self.literal {
+            Some(b) => buf.copy_from_slice(&b[self.pos as usize..(self.pos + n) as usize]),
+            None => content::fill(self.seed, self.pos, &mut buf),
+        }
         if let Some(c) = self.corrupt_at
             && (self.pos..self.pos + n).contains(&c)
         {

@@ -35,10 +35,15 @@ fn default_refs() -> Vec<String> {
 pub struct FileSpec {
     /// Path inside the repo.
     pub path: String,
-    /// Size in bytes.
+    /// Size in bytes (taken from `content` when that is given).
+    #[serde(default)]
     pub size: u64,
     /// Stored in LFS (served through the CDN, listed with `lfs.oid`), as large files are.
     pub lfs: bool,
+    /// The file's text, for files a consumer parses (a `config.json` a server reads);
+    /// `size` is then its length. Without it, the bytes are generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
 }
 
 impl RepoSpec {
@@ -57,6 +62,7 @@ impl RepoSpec {
                 path: "tokenizer.json".into(),
                 size: 7_031_673,
                 lfs: true,
+                content: None,
             },
         ];
         for i in 1..=shards {
@@ -64,6 +70,7 @@ impl RepoSpec {
                 path: format!("model-{i:05}-of-{shards:05}.safetensors"),
                 size: shard_size,
                 lfs: true,
+                content: None,
             });
         }
         RepoSpec {
@@ -80,6 +87,9 @@ impl RepoSpec {
         h.update(self.id.as_bytes());
         for f in &self.files {
             h.update(format!("\0{}\0{}\0{}", f.path, f.size, f.lfs).as_bytes());
+            if let Some(text) = &f.content {
+                h.update(text.as_bytes());
+            }
         }
         hex::encode(h.finalize())
     }
@@ -97,7 +107,23 @@ impl FileSpec {
             path: path.to_string(),
             size,
             lfs: false,
+            content: None,
         }
+    }
+
+    /// A small file with this text.
+    pub fn text(path: &str, text: &str) -> FileSpec {
+        FileSpec {
+            path: path.to_string(),
+            size: text.len() as u64,
+            lfs: false,
+            content: Some(text.to_string()),
+        }
+    }
+
+    /// Its bytes when given as text.
+    pub fn literal(&self) -> Option<&[u8]> {
+        self.content.as_deref().map(str::as_bytes)
     }
 }
 
@@ -195,7 +221,10 @@ pub fn hashes(repo: &str, f: &FileSpec, cache_dir: Option<&Path>) -> FileHashes 
         }
     } else {
         FileHashes {
-            git_oid: git_blob_sha1(&bytes(repo, &f.path, f.size)),
+            git_oid: match f.literal() {
+                Some(b) => git_blob_sha1(b),
+                None => git_blob_sha1(&bytes(repo, &f.path, f.size)),
+            },
             pointer_size: 0,
             sha256,
         }
@@ -219,6 +248,9 @@ fn cache_file(dir: &Path, repo: &str, f: &FileSpec) -> PathBuf {
 }
 
 fn content_sha256(repo: &str, f: &FileSpec, cache_dir: Option<&Path>) -> String {
+    if let Some(b) = f.literal() {
+        return hex::encode(Sha256::digest(b));
+    }
     // Files below 64 MiB hash faster than a cache lookup is worth keeping around.
     let cached = cache_dir.filter(|_| f.size >= 64 << 20);
     if let Some(dir) = cached

@@ -73,6 +73,14 @@ pub(crate) fn prepare(specs: &[RepoSpec], cache: Option<&Path>) -> Vec<Repo> {
     specs
         .iter()
         .map(|spec| {
+            // A file given as text is as long as its text.
+            let mut spec = spec.clone();
+            for f in &mut spec.files {
+                if let Some(text) = &f.content {
+                    f.size = text.len() as u64;
+                }
+            }
+            let spec = &spec;
             let hashes = std::thread::scope(|s| {
                 let handles: Vec<_> = spec
                     .files
@@ -536,6 +544,7 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
     };
     let mut body = GenBody {
         seed: repo.seeds[index],
+        literal: file.literal().map(Arc::from),
         pos: start,
         end,
         reset_at: None,

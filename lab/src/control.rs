@@ -326,8 +326,13 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("PVE_ROOT_PASSWORD", secrets.root_password.clone()),
         v("PVE_NODE_SSH", format!("127.0.0.1:{}", lab.ssh_port)),
         v("PVE_NODE_SSH_KEY", lab.node_key().display().to_string()),
+        // The same, one value each, for inventories (`ssh: { host: { env: ... } }`).
+        v("PVE_NODE_SSH_HOST", "127.0.0.1".to_string()),
+        v("PVE_NODE_SSH_PORT", lab.ssh_port.to_string()),
         v("LAB_SHARED_DIR", lab.shared_dir.display().to_string()),
         v("LAB_BRIDGE_CIDR", lab.bridge_cidr.clone()),
+        v("LAB_GATEWAY", lab.bridge_ip().to_string()),
+        v("LAB_GUEST_IP", guest_ip(lab)),
         v("LAB_BRIDGE", lab.bridge.clone()),
         v(
             "LAB_MIRROR_URL",
@@ -342,6 +347,17 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_VETH_PREFIX", lab.veth_prefix.clone()),
         v("LAB_GPU_ROOT", crate::gpu::root(lab).display().to_string()),
     ])
+}
+
+/// The address `examples/lab.yaml` gives its container: `.10` of the bridge network, with
+/// its prefix (outside the ranges the lab's own tests and the testkit hand out).
+fn guest_ip(lab: &Settings) -> String {
+    let (ip, len) = lab
+        .bridge_net()
+        .unwrap_or((std::net::Ipv4Addr::new(10, 77, 0, 1), 24));
+    let mask = u32::MAX << (32 - u32::from(len));
+    let guest = std::net::Ipv4Addr::from((u32::from(ip) & mask) | 10);
+    format!("{guest}/{len}")
 }
 
 /// Formats exports for `eval`.

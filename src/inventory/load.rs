@@ -133,7 +133,39 @@ pub fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<(Inventory, String), Dia
             .at(SourceLocation::new(path, &source, 1, 1, 0))
             .hint("an inventory needs at least `nodes:`; see inventory/llm-two.yaml"));
     }
-    parse_yaml::<Inventory>(path, &source).map(|inv| (inv, source))
+    let resolved = super::env::substitute(path, &source).map_err(|errors| {
+        let mut errors = errors.into_iter();
+        let first = errors.next().expect("an error");
+        errors.fold(first, |d, more| {
+            let at = more
+                .location
+                .as_ref()
+                .map(|l| format!(" (line {}, column {})", l.line, l.column))
+                .unwrap_or_default();
+            d.cause(format!("also: {}{at}", more.message))
+        })
+    })?;
+    // Values from the environment sit where their references were, on the same lines and
+    // columns: errors point into the file as written, which is what `source` keeps.
+    parse_yaml::<Inventory>(path, &resolved)
+        .map_err(|d| {
+            if resolved == source {
+                d
+            } else {
+                relocate(d, path, &source)
+            }
+        })
+        .map(|inv| (inv, source))
+}
+
+/// A diagnostic made against the substituted text, showing the line as the file has it.
+fn relocate(mut d: Diagnostic, path: &Path, source: &str) -> Diagnostic {
+    if let Some(loc) = d.location.take() {
+        d.location = Some(Box::new(SourceLocation::new(
+            path, source, loc.line, loc.column, 0,
+        )));
+    }
+    d
 }
 
 /// Parses YAML text into `T` with the project's options (duplicate keys refused, alias

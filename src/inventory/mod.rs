@@ -2,6 +2,7 @@
 //! parsed with positions kept ([`load`]), and validated in one place ([`validate`]).
 
 pub mod container;
+pub mod env;
 pub mod load;
 pub mod node;
 pub mod secret;
@@ -22,5 +23,7 @@ pub use spanned::{Pos, Sp};
 /// The JSON Schema of the inventory, for editors (`# yaml-language-server: $schema=...`).
 pub fn json_schema() -> serde_json::Value {
     let schema = schemars::schema_for!(Inventory);
-    serde_json::to_value(schema).expect("a schema serializes")
+    let mut schema = serde_json::to_value(schema).expect("a schema serializes");
+    env::allow_env_references(&mut schema);
+    schema
 }
