@@ -369,8 +369,12 @@ pub fn render_exports(vars: &[(String, String)]) -> String {
 
 /// Brings the lab up (idempotent) and returns its exports.
 pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
+    up_with(exe, settings()?)
+}
+
+/// [`up`] with these settings.
+fn up_with(exe: &Path, lab: Settings) -> Result<Vec<(String, String)>> {
     preflight()?;
-    let lab = settings()?;
     let template = cached_template(&lab)?;
     for d in [
         lab.conf_dir(),
@@ -516,7 +520,9 @@ pub fn reinstall(exe: &Path) -> Result<Vec<(String, String)>> {
             std::fs::remove_file(&p)?;
         }
     }
-    up(exe)
+    // The same lab again: its saved ports, bridge and directories, not the environment's
+    // (which need not name them: the exports do not carry the ports).
+    up_with(exe, lab)
 }
 
 /// A human summary of the lab's state.

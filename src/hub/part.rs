@@ -265,7 +265,14 @@ impl Job {
             source,
         };
         let mut placed = self.save.lock().expect("save");
+        // The bytes reach the disk before the name does, and the name before the record
+        // that calls the file verified: a crash (not only a kill) can then leave a part or
+        // an unrecorded file, never a recorded one that is not what was hashed.
+        if let Some(file) = self.file.get() {
+            file.sync_all().map_err(io)?;
+        }
         std::fs::rename(&self.part, &self.target).map_err(io)?;
+        super::record::sync_parent(&self.target).map_err(io)?;
         *placed = true;
         let _ = std::fs::remove_file(&self.sidecar);
         drop(placed);

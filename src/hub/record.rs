@@ -138,6 +138,16 @@ pub fn write(dest: &Path, record: &Record) -> Result<(), HubError> {
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     f.write_all(text.as_bytes()).map_err(io)?;
     f.write_all(b"\n").map_err(io)?;
+    f.sync_all().map_err(io)?;
     drop(f);
-    std::fs::rename(&tmp, &path).map_err(io)
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    sync_parent(&path).map_err(io)
+}
+
+/// Flushes the directory holding `path`, so a rename into it survives a crash.
+pub fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
