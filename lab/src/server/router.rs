@@ -199,6 +199,7 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
     match (m, s.as_slice()) {
         (Method::GET, ["version"]) => super::cluster::version(),
         (Method::GET, ["cluster", "nextid"]) => super::cluster::nextid(app, &ctx),
+        (Method::GET, ["cluster", "resources"]) => super::lxc::cluster_resources(app, &ctx),
         (Method::GET, ["nodes"]) => super::cluster::nodes(app),
         (Method::GET, ["nodes", _]) => {
             Ok(subdirs(&["lxc", "storage", "tasks", "status", "version"]))
