@@ -113,6 +113,7 @@ mod tests {
                 .map(|f| ("sglang".to_string(), f.to_string()))
                 .into_iter()
                 .collect(),
+            complete: true,
         };
         let facts = Facts::Read(HashMap::from([(
             spec.probes()[0].clone(),

@@ -355,6 +355,7 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), v.to_string()))
                 .collect(),
             editable: BTreeMap::new(),
+            complete: true,
         };
         Facts::Read(HashMap::from([(
             Probe::Venv {

@@ -41,6 +41,17 @@ impl Resource for VenvSpec {
             None => Ok(Some(
                 Delta::new(Action::Create).attr(Attribute::new("python", self.python.clone())),
             )),
+            // `python -m venv` writes pyvenv.cfg before it installs pip: one interrupted
+            // (a kill, a reboot) leaves a venv no later step can use. Made again.
+            Some(v) if !v.complete => Ok(Some(
+                Delta::new(Action::Replace)
+                    .attr(Attribute::change(
+                        "bin/pip",
+                        Some("missing".to_string()),
+                        Some("present".to_string()),
+                    ))
+                    .reason("an interrupted creation left the venv without pip; it is made again"),
+            )),
             Some(v) if v.python == self.python => Ok(None),
             Some(v) => Ok(Some(
                 Delta::new(Action::Replace)
@@ -72,6 +83,13 @@ pub struct VenvFact {
     pub packages: BTreeMap<String, String>,
     /// Editable installs: normalised name to the source folder.
     pub editable: BTreeMap<String, String>,
+    /// Whether its Python and pip are there (not so after an interrupted creation).
+    #[serde(default = "complete_by_default")]
+    pub complete: bool,
+}
+
+fn complete_by_default() -> bool {
+    true
 }
 
 /// A venv: Python release from `pyvenv.cfg`, distributions from `*.dist-info`.
@@ -129,10 +147,12 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, String> {
             packages.insert(key, ver);
         }
     }
+    let complete = path.join("bin/python").exists() && path.join("bin/pip").exists();
     Ok(Some(VenvFact {
         python,
         packages,
         editable,
+        complete,
     }))
 }
 
@@ -152,6 +172,30 @@ pub fn create(path: &str, python: &str, replace: bool) -> Result<(), String> {
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn a_venv_without_pip_is_incomplete_and_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = dir.path().join("venv");
+        fs::create_dir_all(v.join("lib/python3.11/site-packages")).unwrap();
+        fs::create_dir_all(v.join("bin")).unwrap();
+        fs::write(v.join("pyvenv.cfg"), "home = /usr/bin\nversion = 3.11.2\n").unwrap();
+        fs::write(v.join("bin/python"), "").unwrap();
+        let fact = read(&v).unwrap().unwrap();
+        assert!(!fact.complete);
+        let spec = VenvSpec {
+            path: v.display().to_string(),
+            python: "3.11".into(),
+        };
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            spec.probes()[0].clone(),
+            super::super::wire::Fact::Venv(Some(fact)),
+        )]));
+        let delta = spec.diff(&facts).unwrap().expect("a change");
+        assert_eq!(delta.action, Action::Replace);
+        fs::write(v.join("bin/pip"), "").unwrap();
+        assert!(read(&v).unwrap().unwrap().complete);
+    }
 
     #[test]
     fn venv_from_dist_info() {
