@@ -158,6 +158,27 @@ pub fn read(api: &NodeApi, vmid: u64, running: bool) -> Result<PveContainerFact,
     Ok(fact)
 }
 
+/// How long a create task found running is waited for.
+const CREATE_WAIT: Duration = Duration::from_secs(600);
+
+/// The UPID of a create task for `vmid` that has not ended, if any.
+fn running_create(api: &NodeApi, vmid: u64) -> Result<Option<String>, ProxmoxError> {
+    let id = vmid.to_string();
+    let tasks = api.call(
+        "GET",
+        &api.node_path("/tasks"),
+        &[("vmid", id.as_str()), ("source", "active")],
+    )?;
+    Ok(tasks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| {
+            t["type"] == "vzcreate" && t.get("endtime").is_none() && t.get("status").is_none()
+        })
+        .find_map(|t| t["upid"].as_str().map(str::to_string)))
+}
+
 /// Reads the container `spec` wants: `None` when its vmid is free; an error when another
 /// container (by hostname) holds it, unless provision created it (then the name changes).
 pub fn read_for(
@@ -171,7 +192,17 @@ pub fn read_for(
         }
         return Ok(None);
     };
-    let fact = read(api, spec.vmid, *running)?;
+    let mut fact = read(api, spec.vmid, *running)?;
+    if fact.current("lock") == Some("create")
+        && let Some(upid) = running_create(api, spec.vmid)?
+    {
+        // A create still running, started by an apply that was interrupted: the node
+        // finishes it regardless, so its end is waited for (a failed one is reported with
+        // its log) and the container read again.
+        follow(api, &Value::String(upid), CREATE_WAIT)?;
+        let running = list(api)?.get(&spec.vmid).is_some_and(|(_, r)| *r);
+        fact = read(api, spec.vmid, running)?;
+    }
     if fact.current("lock") == Some("create") {
         return Err(ContainerError::FailedCreate {
             vmid: spec.vmid,
