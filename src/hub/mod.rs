@@ -211,6 +211,16 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
         path: req.dest.clone(),
         source,
     })?;
+    // One pull at a time per folder (flock on the folder itself, so no file is added to
+    // it): a second one, say an apply re-run while the first still runs on the target after
+    // its SSH connection was cut, waits for it and then finds its files verified, instead
+    // of both writing the same parts and the record.
+    let _one_at_a_time = std::fs::File::open(&req.dest)
+        .and_then(|dir| dir.lock().map(|()| dir))
+        .map_err(|source| HubError::Io {
+            path: req.dest.clone(),
+            source,
+        })?;
     // An unreadable record only costs a re-hash of what is there.
     let old = record::read(&req.dest).ok().flatten();
     let sorted = verify::sort_existing(&req.dest, &files, old.as_ref(), req.verify_full)?;
