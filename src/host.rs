@@ -11,33 +11,64 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-/// Runs a program, failing with its output's tail when it exits non-zero.
+/// Runs a program, failing with its output's tail when it exits non-zero. Its output
+/// lines are reported as progress as they come (at most a few a second).
 pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), String> {
-    let out = Command::new(program)
+    let mut child = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
+    let last = std::sync::Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+    let read = |stream: Option<Box<dyn std::io::Read + Send>>| {
+        let last = last.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut kept = Vec::new();
+            let Some(stream) = stream else {
+                return kept;
+            };
+            for line in std::io::BufReader::new(stream).split(b'\n').map_while(Result::ok) {
+                let text = String::from_utf8_lossy(&line);
+                // A progress bar redraws with \r: its last state is the line.
+                let text = text.rsplit('\r').next().unwrap_or_default().to_string();
+                let mut when = last.lock().unwrap_or_else(|p| p.into_inner());
+                if when.is_none_or(|w| w.elapsed() >= std::time::Duration::from_millis(300)) {
+                    crate::progress::line(&text);
+                    *when = Some(std::time::Instant::now());
+                }
+                drop(when);
+                kept.push(text);
+                if kept.len() > 200 {
+                    kept.drain(..100);
+                }
+            }
+            kept
+        })
+    };
+    let out = read(child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>));
+    let err = read(child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>));
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    if status.success() {
         return Ok(());
     }
-    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-    if text.trim().is_empty() {
-        text = String::from_utf8_lossy(&out.stdout).into_owned();
-    }
-    let tail: Vec<&str> = text
-        .lines()
-        .rev()
-        .take(15)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
+    let lines = if stderr.iter().all(|l| l.trim().is_empty()) {
+        stdout
+    } else {
+        stderr
+    };
+    let tail = &lines[lines.len().saturating_sub(15)..];
     Err(format!(
         "{program} {} exited with {}:\n{}",
         args.join(" "),
-        out.status
+        status
             .code()
             .map_or("a signal".to_string(), |c| c.to_string()),
         tail.join("\n")

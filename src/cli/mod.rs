@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod model;
 pub mod node;
 pub mod plan;
+pub mod progress;
 pub mod render;
 pub mod schema;
 pub mod ssh;

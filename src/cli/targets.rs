@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::access::{ApiTarget, TargetReader, TargetWriter};
+use crate::agent::attach::Observer;
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
@@ -113,14 +114,18 @@ impl<'a> Connections<'a> {
         }
     }
 
-    /// Write access for `apply` only.
-    pub fn writer(&mut self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
+    /// Write access for `apply` only; an agent's events go to `observe` as they come.
+    pub fn writer(
+        &mut self,
+        t: &TargetPlan,
+        observe: Option<Observer>,
+    ) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
             Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
                 self.node(node)?,
                 container_specs(t.changes.iter().map(|c| &c.spec)),
             ))),
-            target => connect_writer(self.loaded, target, self.args, &self.binary),
+            target => connect_writer(self.loaded, target, self.args, &self.binary, observe),
         }
     }
 
@@ -181,9 +186,14 @@ pub fn connect_writer(
     target: &Target,
     args: &TargetArgs,
     binary: &Arc<AgentBinary>,
+    observe: Option<Observer>,
 ) -> anyhow::Result<Box<dyn TargetWriter>> {
     let transport = transport(loaded, target, args)?;
-    Ok(Box::new(AgentWriter::new(transport, binary.clone())))
+    let writer = AgentWriter::new(transport, binary.clone());
+    Ok(Box::new(match observe {
+        Some(o) => writer.observe(o),
+        None => writer,
+    }))
 }
 
 /// The container specs among `specs`.
