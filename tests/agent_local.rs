@@ -23,6 +23,8 @@ use provision::transport::{ExecOutput, Transport, TransportError};
 struct Counting {
     inner: LocalTransport,
     calls: AtomicUsize,
+    /// Requests that start a detached apply.
+    starts: AtomicUsize,
 }
 
 impl Transport for Counting {
@@ -33,6 +35,9 @@ impl Transport for Counting {
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if String::from_utf8_lossy(stdin).contains("\"op\":\"start\"") {
+            self.starts.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.exec(command, stdin, timeout)
     }
     fn describe(&self) -> String {
@@ -110,7 +115,8 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
-    // Apply: one round trip for the steps, one to verify.
+    // Apply: one round trip starts the steps (detached on the target), one or more follow
+    // their events until the last, one verifies.
     t.calls.store(0, Ordering::SeqCst);
     let outcomes = apply(
         &p,
@@ -119,7 +125,8 @@ fn push_once_probe_apply_verify_and_detect_drift() {
         &mut |_, _| {},
     )
     .unwrap();
-    assert_eq!(t.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(t.starts.load(Ordering::SeqCst), 1);
+    assert!(t.calls.load(Ordering::SeqCst) >= 3);
     assert_eq!(outcomes[0].steps.len(), 3);
     let conf = root.join("etc/app/app.conf");
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
