@@ -201,3 +201,106 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
     let (out, _) = g.expect(&["apply", "--yes"], 0);
     assert!(out.contains("No changes"), "{out}");
 }
+
+/// Ctrl-C during the first of two downloads: the current step finishes, the next is not
+/// started, provision says what state the target is in; the next apply does the rest.
+#[test]
+fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with(
+        "ctrlc",
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    let ip: IpAddr = g.lab.vars["LAB_BRIDGE_CIDR"]
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(ip, 0),
+        repos: vec![
+            RepoSpec::synthetic("org/a", 1, 128 << 20),
+            RepoSpec::synthetic("org/b", 1, 128 << 20),
+        ],
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    // At 4 MiB/s a model takes more than 30 s: the interrupt surely lands inside the first.
+    hub.add_fault(Fault::new(
+        "",
+        FaultKind::Slow {
+            bytes_per_sec: 4 << 20,
+        },
+        None,
+    ));
+    g.inventory(&format!(
+        "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [model-store]
+        models:
+          a: {{ repo: org/a, revision: main, path: /shared/models/a, endpoint: {e} }}
+          b: {{ repo: org/b, revision: main, path: /shared/models/b, endpoint: {e} }}
+",
+        e = hub.endpoint()
+    ));
+    let log = g.dir.path().join("apply.stderr");
+    let mut apply = spawn_apply(&g, &log);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for(Duration::from_secs(300), "the first download's bytes", || {
+        json_lines(&read_log())
+            .iter()
+            .any(|e| e["kind"] == "bytes" && e["done"].as_u64() > Some(0))
+    });
+    let served = |repo: &str| -> u64 {
+        hub.stats()
+            .bytes_by_file
+            .iter()
+            .filter(|(k, _)| k.starts_with(repo))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let first = if served("org/a/") > 0 { "a" } else { "b" };
+    let other = if first == "a" { "b" } else { "a" };
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(apply.id() as i32, libc::SIGINT) };
+    let until = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = apply.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "the apply did not end: {}", read_log());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let text = read_log();
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("stops after its current step"), "{text}");
+    assert!(text.contains("apply interrupted on"), "{text}");
+    assert!(text.contains("nothing is half-written"), "{text}");
+    // The step that ran finished whole; the other never started.
+    let shard = "model-00001-of-00001.safetensors";
+    assert_eq!(
+        std::fs::metadata(shared.path().join("models").join(first).join(shard))
+            .unwrap()
+            .len(),
+        128 << 20
+    );
+    assert_eq!(served(&format!("org/{other}/")), 0);
+    assert!(!json_lines(&text).iter().any(|e| {
+        e["event"] == "step_started"
+            && e["description"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("download org/{other}"))
+    }));
+
+    // The next apply does the rest, and only the rest.
+    hub.reset_stats();
+    g.expect(&["apply", "--yes"], 0);
+    assert_eq!(served(&format!("org/{first}/")), 0);
+    assert!(served(&format!("org/{other}/")) >= 128 << 20);
+}
