@@ -31,7 +31,10 @@ pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), S
             let Some(stream) = stream else {
                 return kept;
             };
-            for line in std::io::BufReader::new(stream).split(b'\n').map_while(Result::ok) {
+            for line in std::io::BufReader::new(stream)
+                .split(b'\n')
+                .map_while(Result::ok)
+            {
                 let text = String::from_utf8_lossy(&line);
                 // A progress bar redraws with \r: its last state is the line.
                 let text = text.rsplit('\r').next().unwrap_or_default().to_string();
@@ -49,8 +52,18 @@ pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), S
             kept
         })
     };
-    let out = read(child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>));
-    let err = read(child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>));
+    let out = read(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
+    let err = read(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
     let status = child
         .wait()
         .map_err(|e| format!("cannot run {program}: {e}"))?;

@@ -39,7 +39,14 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 /// `provision apply --yes --json` in the background, stderr into a file.
 fn spawn_apply(g: &Guest, stderr: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes", "--json", "--target", "guest.t", "--known-hosts"])
+        .args([
+            "apply",
+            "--yes",
+            "--json",
+            "--target",
+            "guest.t",
+            "--known-hosts",
+        ])
         .arg(g.dir.path().join("known_hosts"))
         .arg("--accept-new-host-keys")
         .arg(g.dir.path().join("inventory.yaml"))
@@ -111,9 +118,7 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
     };
     // Streamed: bytes arrive while the download runs, long before it ends.
     wait_for(Duration::from_secs(300), "the download's bytes", || {
-        bytes_done(&json_lines(&read_log()))
-            .iter()
-            .any(|&d| d > 0)
+        bytes_done(&json_lines(&read_log())).iter().any(|&d| d > 0)
     });
 
     // A second apply while the first holds the target: refused, the holder named.
@@ -131,10 +136,7 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
     // provision's session in the container (the listener stays).
     let served_before = hub.stats().bytes_served;
     assert!(served_before < size, "the download is still running");
-    let killed = g
-        .ct
-        .exec(&["pkill", "-KILL", "-f", "^sshd: root"])
-        .unwrap();
+    let killed = g.ct.exec(&["pkill", "-KILL", "-f", "^sshd: root"]).unwrap();
     assert!(killed.status.success(), "no sshd session to kill");
 
     let status = {
@@ -143,7 +145,11 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
             if let Some(s) = first.try_wait().unwrap() {
                 break s;
             }
-            assert!(Instant::now() < until, "the apply did not end: {}", read_log());
+            assert!(
+                Instant::now() < until,
+                "the apply did not end: {}",
+                read_log()
+            );
             std::thread::sleep(Duration::from_millis(500));
         }
     };
@@ -169,7 +175,10 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
         .iter()
         .find(|e| {
             e["event"] == "step_started"
-                && e["description"].as_str().unwrap().starts_with("download org/big")
+                && e["description"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("download org/big")
         })
         .expect("the download's step started")["index"]
         .clone();
@@ -251,11 +260,15 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
     let log = g.dir.path().join("apply.stderr");
     let mut apply = spawn_apply(&g, &log);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for(Duration::from_secs(300), "the first download's bytes", || {
-        json_lines(&read_log())
-            .iter()
-            .any(|e| e["kind"] == "bytes" && e["done"].as_u64() > Some(0))
-    });
+    wait_for(
+        Duration::from_secs(300),
+        "the first download's bytes",
+        || {
+            json_lines(&read_log())
+                .iter()
+                .any(|e| e["kind"] == "bytes" && e["done"].as_u64() > Some(0))
+        },
+    );
     let served = |repo: &str| -> u64 {
         hub.stats()
             .bytes_by_file
@@ -273,7 +286,11 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
         if let Some(s) = apply.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < until, "the apply did not end: {}", read_log());
+        assert!(
+            Instant::now() < until,
+            "the apply did not end: {}",
+            read_log()
+        );
         std::thread::sleep(Duration::from_millis(500));
     };
     let text = read_log();

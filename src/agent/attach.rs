@@ -19,6 +19,9 @@ use crate::resources::wire::{Event, Holder, Request, Step};
 /// `Progress::Line`).
 pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 
+/// One request to the agent, answered within the given time: its events.
+pub type Call<'a> = dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError> + 'a;
+
 /// How long a step may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
@@ -142,7 +145,7 @@ fn run_id() -> String {
 /// Sends one request, trying again while the target cannot be reached, for up to
 /// [`REATTACH_FOR`]; `note` hears about each loss and recovery.
 fn call_again(
-    call: &dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError>,
+    call: &Call<'_>,
     request: &Request,
     timeout: Duration,
     note: &dyn Fn(String),
@@ -155,15 +158,20 @@ fn call_again(
                     note("connection back; re-attached to the run".into());
                 }
                 // The greeting first, then the one answer.
-                return events.into_iter().nth(1).ok_or_else(|| AgentError::Protocol {
-                    target: String::new(),
-                    detail: "no answer after the greeting".into(),
-                });
+                return events
+                    .into_iter()
+                    .nth(1)
+                    .ok_or_else(|| AgentError::Protocol {
+                        target: String::new(),
+                        detail: "no answer after the greeting".into(),
+                    });
             }
             Err(e @ (AgentError::CannotRun { .. } | AgentError::Push { .. })) => return Err(e),
             Err(e) => {
                 let since = *lost.get_or_insert_with(|| {
-                    note(format!("connection lost ({e}); the run goes on on the target; reconnecting"));
+                    note(format!(
+                        "connection lost ({e}); the run goes on on the target; reconnecting"
+                    ));
                     Instant::now()
                 });
                 if since.elapsed() > REATTACH_FOR {
@@ -190,7 +198,7 @@ pub enum Ended {
 
 /// Starts `steps` as a detached run and follows it to its end.
 pub fn run_detached(
-    call: &dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError>,
+    call: &Call<'_>,
     steps: Vec<Step>,
     observe: &Option<Observer>,
 ) -> Result<Ended, AgentError> {
@@ -232,19 +240,41 @@ pub fn run_detached(
             1 if !stopping => {
                 stopping = true;
                 note("Ctrl-C: the run stops after its current step, which finishes (Ctrl-C again to leave it running on the target)".into());
-                call_again(call, &Request::Stop { run: run.clone(), now: false }, Duration::from_secs(60), &note)?;
+                call_again(
+                    call,
+                    &Request::Stop {
+                        run: run.clone(),
+                        now: false,
+                    },
+                    Duration::from_secs(60),
+                    &note,
+                )?;
             }
             1 => {}
             _ => return Ok(Ended::Detached(holder)),
         }
         if let (Some((i, since)), None) = (step_started, &overdue) {
             let (late, what) = match limits[i] {
-                Limit::Total(d) => (since.elapsed() > d, format!("did not finish within {}", human(d))),
-                Limit::Stall(d) => (last_news.elapsed() > d, format!("made no progress for {}", human(d))),
+                Limit::Total(d) => (
+                    since.elapsed() > d,
+                    format!("did not finish within {}", human(d)),
+                ),
+                Limit::Stall(d) => (
+                    last_news.elapsed() > d,
+                    format!("made no progress for {}", human(d)),
+                ),
             };
             if late {
                 note(format!("{} {what}; stopping it", descriptions[i]));
-                call_again(call, &Request::Stop { run: run.clone(), now: true }, Duration::from_secs(60), &note)?;
+                call_again(
+                    call,
+                    &Request::Stop {
+                        run: run.clone(),
+                        now: true,
+                    },
+                    Duration::from_secs(60),
+                    &note,
+                )?;
                 overdue = Some((i, what));
             }
         }
@@ -253,10 +283,15 @@ pub fn run_detached(
             offset,
             wait_ms: FOLLOW_WAIT.as_millis() as u64,
         };
-        let (events, next, running) = match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), &note)? {
-            Event::Followed { events, offset, running } => (events, offset, running),
-            other => return Err(unexpected(other)),
-        };
+        let (events, next, running) =
+            match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), &note)? {
+                Event::Followed {
+                    events,
+                    offset,
+                    running,
+                } => (events, offset, running),
+                other => return Err(unexpected(other)),
+            };
         offset = next;
         let quiet = events.is_empty();
         for e in events {
@@ -268,7 +303,13 @@ pub fn run_detached(
                     last_news = Instant::now();
                 }
                 Event::Progress { .. } => last_news = Instant::now(),
-                Event::StepDone { index, error, hints, detail, millis } => {
+                Event::StepDone {
+                    index,
+                    error,
+                    hints,
+                    detail,
+                    millis,
+                } => {
                     step_started = None;
                     outcomes.push(OpOutcome {
                         description: descriptions.get(index).cloned().unwrap_or_default(),
@@ -279,7 +320,11 @@ pub fn run_detached(
                     });
                 }
                 Event::Finished { stopped } => {
-                    return Ok(if stopped { Ended::Stopped(outcomes) } else { Ended::Done(outcomes) });
+                    return Ok(if stopped {
+                        Ended::Stopped(outcomes)
+                    } else {
+                        Ended::Done(outcomes)
+                    });
                 }
                 _ => {}
             }
@@ -288,8 +333,12 @@ pub fn run_detached(
             // The runner is gone without its last word: killed (a deadline, a reboot).
             if let Some((i, since)) = step_started {
                 let error = match &overdue {
-                    Some((_, what)) => format!("{what} and was stopped; what it wrote is whole (files are replaced atomically; a download resumes from its partial files)"),
-                    None => "the agent stopped during this step (killed or the target restarted)".into(),
+                    Some((_, what)) => format!(
+                        "{what} and was stopped; what it wrote is whole (files are replaced atomically; a download resumes from its partial files)"
+                    ),
+                    None => {
+                        "the agent stopped during this step (killed or the target restarted)".into()
+                    }
                 };
                 outcomes.push(OpOutcome {
                     description: descriptions[i].clone(),
@@ -318,9 +367,9 @@ fn unexpected(e: Event) -> AgentError {
 /// `90s`, `10m`, `2h`.
 pub fn human(d: Duration) -> String {
     let s = d.as_secs();
-    if s >= 3600 && s % 3600 == 0 {
+    if s >= 3600 && s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s >= 60 && s % 60 == 0 {
+    } else if s >= 60 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::access::{AccessError, Op, OpOutcome, TargetReader, TargetWriter};
 use super::attach::{self, Ended, Observer};
+use crate::access::{AccessError, Op, OpOutcome, TargetReader, TargetWriter};
 use crate::resources::wire::{Event, Fact, Facts, Holder, PROTOCOL_VERSION, Probe, Request};
 use crate::transport::{Transport, TransportError, shell_quote};
 
@@ -77,7 +77,7 @@ pub enum AgentError {
         /// The target.
         target: String,
         /// Who holds the lock.
-        holder: Holder,
+        holder: Box<Holder>,
     },
     /// Ctrl-C: the run stopped cleanly between two steps.
     #[error(
@@ -102,7 +102,7 @@ pub enum AgentError {
         /// The target.
         target: String,
         /// The run left going.
-        holder: Holder,
+        holder: Box<Holder>,
     },
 }
 
@@ -433,8 +433,16 @@ impl TargetWriter for AgentWriter {
         let call = |r: &Request, t: Duration| self.conn.call(r, t);
         match attach::run_detached(&call, steps, &self.observe).map_err(named)? {
             Ended::Done(outcomes) => Ok(outcomes),
-            Ended::Busy(holder) => Err(AgentError::Busy { target, holder }.into()),
-            Ended::Detached(holder) => Err(AgentError::Detached { target, holder }.into()),
+            Ended::Busy(holder) => Err(AgentError::Busy {
+                target,
+                holder: Box::new(holder),
+            }
+            .into()),
+            Ended::Detached(holder) => Err(AgentError::Detached {
+                target,
+                holder: Box::new(holder),
+            }
+            .into()),
             Ended::Stopped(outcomes) => {
                 if outcomes.iter().any(|o| o.error.is_some()) {
                     // The step that was running failed on its own: that is the news.

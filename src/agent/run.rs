@@ -111,7 +111,11 @@ pub fn start(run: &str, steps: Vec<Step>, holder: Holder) -> Result<Event, RunEr
         }
         if waited.elapsed() > START_WAIT {
             let log = fs::read_to_string(dir.join("runner.log")).unwrap_or_default();
-            let tail = log.lines().last().map(|l| format!(": {l}")).unwrap_or_default();
+            let tail = log
+                .lines()
+                .last()
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default();
             return Err(RunError::NotStarted(START_WAIT, tail));
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -132,7 +136,18 @@ fn spawn_runner(dir: &Path) -> Result<(), RunError> {
             dir.file_name().and_then(|n| n.to_str()).unwrap_or("run")
         );
         let mut c = Command::new("systemd-run");
-        c.args(["--quiet", "--collect", "--unit", &unit, "--"]);
+        c.args(["--quiet", "--collect", "--unit", &unit]);
+        // A unit starts with systemd's bare environment; the run gets the one this agent
+        // was started with (HOME for git and pip, proxies on air-gapped hosts, the locale).
+        for (k, v) in std::env::vars_os() {
+            let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+                continue;
+            };
+            if !k.starts_with("SSH_") && !matches!(k, "INVOCATION_ID" | "JOURNAL_STREAM") {
+                c.arg(format!("--setenv={k}={v}"));
+            }
+        }
+        c.arg("--");
         c.arg(&exe);
         c
     } else {
@@ -152,10 +167,14 @@ fn spawn_runner(dir: &Path) -> Result<(), RunError> {
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    let mut child = cmd.spawn().map_err(io("cannot start the runner for", dir))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(io("cannot start the runner for", dir))?;
     if systemd {
         // systemd-run returns once the unit is queued; its failure is the start's.
-        let status = child.wait().map_err(io("cannot start the runner for", dir))?;
+        let status = child
+            .wait()
+            .map_err(io("cannot start the runner for", dir))?;
         if !status.success() {
             let log = fs::read_to_string(&log).unwrap_or_default();
             return Err(RunError::NotStarted(Duration::ZERO, format!(": {log}")));
@@ -235,7 +254,9 @@ pub fn runner(dir: &Path) -> Result<(), RunError> {
     let _ = fs::write(&tmp, &text).and_then(|()| fs::rename(&tmp, &holder_path));
     let _ = fs::write(dir.join("pid"), holder.agent_pid.to_string());
     log.emit(&Event::Started { holder });
-    let exe = std::env::current_exe().ok().filter(|p| super::cache::is_cached(p));
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| super::cache::is_cached(p));
     let _hold = exe.as_deref().and_then(|p| super::cache::hold(p).ok());
     let mut stopped = false;
     for (index, step) in steps.iter().enumerate() {
@@ -338,7 +359,11 @@ fn alive(dir: &Path) -> bool {
 }
 
 fn runner_pid(dir: &Path) -> Option<i32> {
-    let pid: i32 = fs::read_to_string(dir.join("pid")).ok()?.trim().parse().ok()?;
+    let pid: i32 = fs::read_to_string(dir.join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let want = dir.as_os_str().as_encoded_bytes();
     cmdline

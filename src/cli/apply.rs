@@ -104,8 +104,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                     .detail
                     .as_ref()
                     .and_then(|d| {
-                        serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone())
-                            .ok()
+                        serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
                     })
                     .and_then(|r| r.verdict)
                     .map(|v| format!(": {}", v.summary()))

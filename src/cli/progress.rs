@@ -11,8 +11,8 @@ use console::Style;
 use indicatif::{HumanBytes, MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::agent::attach::Observer;
-use crate::progress::Progress;
 use crate::printer::Printer;
+use crate::progress::Progress;
 use crate::resources::wire::Event;
 
 /// How the events are shown.
@@ -142,7 +142,13 @@ impl Display {
                     .expect("display")
                     .remove(&(heading.to_string(), *index))
                     .unwrap_or_default();
-                let line = step_line(&self.printer, heading, &description, error.is_none(), *millis);
+                let line = step_line(
+                    &self.printer,
+                    heading,
+                    &description,
+                    error.is_none(),
+                    *millis,
+                );
                 self.shown
                     .lock()
                     .expect("display")
@@ -177,7 +183,9 @@ impl Display {
     fn draw(&self, heading: &str, text: &str, bytes: Option<(u64, u64)>) {
         let mut bars = self.bars.lock().expect("display");
         let bar = bars.entry(heading.to_string()).or_insert_with(|| {
-            let b = self.multi.add(ProgressBar::new(0).with_prefix(heading.to_string()));
+            let b = self
+                .multi
+                .add(ProgressBar::new(0).with_prefix(heading.to_string()));
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
@@ -210,7 +218,9 @@ pub fn step_line(printer: &Printer, heading: &str, step: &str, ok: bool, millis:
     let mark = if ok {
         printer.style_err(Style::new().green()).apply_to("done")
     } else {
-        printer.style_err(Style::new().red().bold()).apply_to("FAILED")
+        printer
+            .style_err(Style::new().red().bold())
+            .apply_to("FAILED")
     };
     format!(
         "{heading}: {step} ... {mark} ({:.1}s)",

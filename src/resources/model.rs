@@ -276,7 +276,9 @@ impl crate::hub::ProgressSink for Reporter {
                 ));
             }
             PullEvent::Checking { files, bytes } => {
-                line(&format!("checking {files} file(s) already there ({bytes} bytes)"));
+                line(&format!(
+                    "checking {files} file(s) already there ({bytes} bytes)"
+                ));
             }
             PullEvent::Hashed { path, .. } => line(&format!("checked {path}")),
             PullEvent::Retry { path, reason } => line(&format!("retry {path}: {reason}")),
@@ -305,7 +307,9 @@ impl crate::hub::ProgressSink for Reporter {
                     return;
                 };
                 f.0 += bytes;
-                if f.2.is_some_and(|last| now.duration_since(last) < Duration::from_secs(1)) {
+                if f.2
+                    .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
+                {
                     return;
                 }
                 f.2 = Some(now);
