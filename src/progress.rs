@@ -34,6 +34,12 @@ pub enum Progress {
         /// Seconds left for the whole pull at that rate; `None` before a rate is known.
         eta_secs: Option<u64>,
     },
+    /// A file already in place was hashed and found whole (progress while nothing is
+    /// downloaded).
+    Checked {
+        /// The file (path inside the repo).
+        file: String,
+    },
     /// The health gate's verdict, in words.
     Verdict {
         /// The verdict.

@@ -107,7 +107,7 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
     ));
 
     let log = g.dir.path().join("apply.stderr");
-    let mut first = spawn_apply(&g, &log);
+    let mut first = spawn_apply(&g, &log, true);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let bytes_done = |events: &[serde_json::Value]| -> Vec<u64> {
         events
@@ -307,17 +307,77 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
         128 << 20
     );
     assert_eq!(served(&format!("org/{other}/")), 0);
-    assert!(!json_lines(&text).iter().any(|e| {
-        e["event"] == "step_started"
-            && e["description"]
-                .as_str()
-                .unwrap()
-                .starts_with(&format!("download org/{other}"))
-    }));
+    let started = format!("guest.t: download org/{first}@main into /shared/models/{first} ...");
+    let done = format!("guest.t: download org/{first}@main into /shared/models/{first} ... done (");
+    assert!(text.lines().any(|l| l == started), "{text}");
+    assert!(text.lines().any(|l| l.starts_with(&done)), "{text}");
+    assert!(!text.contains(&format!("download org/{other}")), "{text}");
 
     // The next apply does the rest, and only the rest.
     hub.reset_stats();
     g.expect(&["apply", "--yes"], 0);
     assert_eq!(served(&format!("org/{first}/")), 0);
     assert!(served(&format!("org/{other}/")) >= 128 << 20);
+}
+
+/// A download that stops receiving bytes (the hub holds the connection open and sends
+/// nothing) is stopped after the stall limit, not after a total deadline; what it fetched is
+/// kept, and the next apply resumes it instead of starting over.
+#[test]
+fn a_stalled_download_is_stopped_and_the_next_apply_resumes_it() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with(
+        "stall",
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    let ip: IpAddr = g.lab.vars["LAB_BRIDGE_CIDR"]
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    const SIZE: u64 = 64 << 20;
+    const SENT: u64 = 16 << 20;
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(ip, 0),
+        repos: vec![RepoSpec::synthetic("org/s", 1, SIZE)],
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    let shard = "model-00001-of-00001.safetensors";
+    hub.add_fault(Fault::new(shard, FaultKind::Stall { after: SENT }, Some(1)));
+    g.inventory(&format!(
+        "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [model-store]
+        models:
+          s: {{ repo: org/s, revision: main, path: /shared/models/s, endpoint: {} }}
+",
+        hub.endpoint()
+    ));
+    let out = g.provision_env(
+        &["apply", "--yes"],
+        &[("PROVISION_DOWNLOAD_STALL_SECS", "20")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("made no progress for 20s"), "{err}");
+    assert!(err.contains("was stopped"), "{err}");
+    assert_eq!(hub.stats().bytes_by_file[&format!("org/s/{shard}")], SENT);
+
+    // The next apply (the hub healthy again) fetches only the rest.
+    hub.reset_stats();
+    g.expect(&["apply", "--yes"], 0);
+    let rest = hub.stats().bytes_by_file[&format!("org/s/{shard}")];
+    assert!(rest <= SIZE - SENT, "fetched {rest} bytes again");
+    assert_eq!(
+        std::fs::metadata(shared.path().join("models/s").join(shard))
+            .unwrap()
+            .len(),
+        SIZE
+    );
 }

@@ -27,19 +27,28 @@ pub type Call<'a> = dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError>
 pub enum Limit {
     /// At most this long in all.
     Total(Duration),
-    /// No limit in all, but at most this long without any progress (a download's bytes).
+    /// No limit in all, but at most this long without progress: a new byte, or a file
+    /// already there checked. Retries and other lines are not progress.
     Stall(Duration),
 }
 
-/// How long a download may go without a byte before it counts as stalled.
+/// How long a download may go without a byte before it counts as stalled, unless
+/// `PROVISION_DOWNLOAD_STALL_SECS` says otherwise.
 pub const DOWNLOAD_STALL: Duration = Duration::from_secs(10 * 60);
+
+fn download_stall() -> Duration {
+    std::env::var("PROVISION_DOWNLOAD_STALL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(DOWNLOAD_STALL, Duration::from_secs)
+}
 
 /// A step's limit: from the inventory where it says (a service's health gate), else a
 /// default generous enough for the slowest honest case (SGLang's build, torch's wheels).
 pub fn limit(step: &Step) -> Limit {
     let min = |m: u64| Duration::from_secs(m * 60);
     match step {
-        Step::ModelPull(_) => Limit::Stall(DOWNLOAD_STALL),
+        Step::ModelPull(_) => Limit::Stall(download_stall()),
         Step::DeployService(d) => match &d.service.readiness {
             // The gate may run for the unit, a rollback and each fallback.
             Some(r) => Limit::Total(
@@ -232,6 +241,7 @@ pub fn run_detached(
     let mut outcomes = Vec::new();
     let mut step_started: Option<(usize, Instant)> = None;
     let mut last_news = Instant::now();
+    let mut last_done = 0;
     let mut stopping = false;
     let mut overdue: Option<(usize, String)> = None;
     loop {
@@ -301,8 +311,19 @@ pub fn run_detached(
                     current.store(index, Ordering::Relaxed);
                     step_started = Some((index, Instant::now()));
                     last_news = Instant::now();
+                    last_done = 0;
                 }
-                Event::Progress { .. } => last_news = Instant::now(),
+                Event::Progress {
+                    progress: Progress::Bytes { done, .. },
+                    ..
+                } if done > last_done => {
+                    last_done = done;
+                    last_news = Instant::now();
+                }
+                Event::Progress {
+                    progress: Progress::Checked { .. },
+                    ..
+                } => last_news = Instant::now(),
                 Event::StepDone {
                     index,
                     error,

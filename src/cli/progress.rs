@@ -102,6 +102,7 @@ impl Display {
                 let (text, bytes) = match progress {
                     Progress::Line { text } => (text.clone(), None),
                     Progress::Verdict { text } => (format!("verdict: {text}"), None),
+                    Progress::Checked { file } => (format!("{file} is already there, whole"), None),
                     Progress::Bytes {
                         file,
                         file_done,

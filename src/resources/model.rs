@@ -280,7 +280,9 @@ impl crate::hub::ProgressSink for Reporter {
                     "checking {files} file(s) already there ({bytes} bytes)"
                 ));
             }
-            PullEvent::Hashed { path, .. } => line(&format!("checked {path}")),
+            PullEvent::Hashed { path, .. } => report(Progress::Checked {
+                file: path.to_string(),
+            }),
             PullEvent::Retry { path, reason } => line(&format!("retry {path}: {reason}")),
             PullEvent::FileStarted {
                 path,
