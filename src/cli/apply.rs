@@ -88,7 +88,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
     // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
     let display = super::progress::Display::new(printer, args.json);
-    let outcomes = online::apply(
+    let applied = online::apply(
         &plan,
         online::ApplyOptions {
             rollback: !args.no_rollback,
@@ -133,7 +133,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 printer.warn(&format!("{}: {w}", target.heading()));
             }
         },
-    )?;
+    );
+    display.finish();
+    let outcomes = applied?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {
         print_report(&plan, true, &outcomes, printer)?;

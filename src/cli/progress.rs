@@ -173,6 +173,15 @@ impl Display {
         }
     }
 
+    /// Clears every bar left (a run that ended without its last word), before the
+    /// summary or the error is printed.
+    pub fn finish(&self) {
+        for (_, b) in self.bars.lock().expect("display").drain() {
+            b.finish_and_clear();
+            self.multi.remove(&b);
+        }
+    }
+
     fn say_or_draw(&self, heading: &str, text: &str, bytes: Option<(u64, u64)>) {
         match self.mode {
             Mode::Bars => self.draw(heading, text, bytes),
