@@ -68,8 +68,8 @@ pub enum DeployError {
         source: std::io::Error,
     },
     /// A unit file could not be written.
-    #[error("{0}")]
-    Write(String),
+    #[error(transparent)]
+    Write(crate::host::HostError),
     /// systemd loaded something else than was written; the last good unit was restored.
     #[error("systemd did not load what was written to {unit_path}:\n  {}\n  {restored}", .differences.join("\n  "))]
     NotLoaded {

@@ -56,7 +56,7 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                     Err(error) => Answer {
                         probe,
                         fact: None,
-                        error: Some(error),
+                        error: Some(error.to_string()),
                     },
                 })
                 .collect();

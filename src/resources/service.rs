@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
@@ -412,25 +411,8 @@ pub const UNIT_PROPERTIES: &[&str] = &[
 ];
 
 /// A unit's state from `systemctl show`; `None` when systemd does not know it.
-pub fn read_unit(name: &str) -> Result<Option<UnitFact>, String> {
-    let out = Command::new("systemctl")
-        .arg("show")
-        .arg(format!("--property={}", UNIT_PROPERTIES.join(",")))
-        .arg("--")
-        .arg(name)
-        .output()
-        .map_err(|e| format!("cannot run systemctl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "systemctl show {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let properties: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+pub fn read_unit(name: &str) -> Result<Option<UnitFact>, crate::host::HostError> {
+    let properties = crate::host::systemctl_show(name, UNIT_PROPERTIES)?;
     if properties.get("LoadState").map(String::as_str) == Some("not-found") {
         return Ok(None);
     }

@@ -278,7 +278,7 @@ impl Facts {
 
 /// Answers one probe. Errors reading what exists are reported in the fact's absence only
 /// when the thing is truly absent; anything else is an `Err`.
-pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
+pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
     Ok(match probe {
         Probe::Path { path } => Fact::Path(file::path_fact(Path::new(path))?),
         Probe::Packages { names } => Fact::Packages(apt::packages(names)?),
@@ -294,12 +294,22 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
             served_model_name,
         ))),
         Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
-        Probe::PveContainer { .. } => {
-            return Err(
-                "a container's Proxmox config is read through the node's API, not the agent".into(),
-            );
-        }
+        Probe::PveContainer { .. } => return Err(AnswerError::NotAnAgentProbe),
     })
+}
+
+/// Why the agent could not answer a probe.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Reading the machine failed.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
+    /// Reading a model folder failed.
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    /// A probe only a node's API answers.
+    #[error("a container's Proxmox config is read through the node's API, not the agent")]
+    NotAnAgentProbe,
 }
 
 /// Why a step failed on the target, and what to do about it.
@@ -318,6 +328,12 @@ impl From<String> for StepError {
             message,
             hints: Vec::new(),
         }
+    }
+}
+
+impl From<crate::host::HostError> for StepError {
+    fn from(e: crate::host::HostError) -> Self {
+        e.to_string().into()
     }
 }
 
