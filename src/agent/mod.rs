@@ -6,9 +6,6 @@
 
 pub mod cache;
 pub mod client;
-pub mod deploy;
-pub mod preflight;
-pub mod sglang_rules;
 
 use std::io::{BufRead, Write};
 use std::time::Instant;

@@ -114,7 +114,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
+                    serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .and_then(|r| r.verdict)
                 .map(|v| format!(": {}", v.summary()))
@@ -131,8 +134,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::preflight::PreflightReport>(d.clone())
-                        .ok()
+                    serde_json::from_value::<crate::resources::service::preflight::PreflightReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .map(|r| r.warnings)
                 .unwrap_or_default();

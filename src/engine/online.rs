@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
+use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
 /// Plans `desired` against what `read` finds on each target (`verify_full`: the readers

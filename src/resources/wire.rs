@@ -337,14 +337,14 @@ impl From<crate::host::HostError> for StepError {
     }
 }
 
-impl From<crate::agent::deploy::DeployError> for StepError {
-    fn from(e: crate::agent::deploy::DeployError) -> Self {
+impl From<crate::resources::service::deploy::DeployError> for StepError {
+    fn from(e: crate::resources::service::deploy::DeployError) -> Self {
         e.to_string().into()
     }
 }
 
-impl From<crate::agent::preflight::PreflightError> for StepError {
-    fn from(e: crate::agent::preflight::PreflightError) -> Self {
+impl From<crate::resources::service::preflight::PreflightError> for StepError {
+    fn from(e: crate::resources::service::preflight::PreflightError) -> Self {
         e.to_string().into()
     }
 }
@@ -409,7 +409,7 @@ pub enum Step {
     Preflight(Box<super::service::ServiceSpec>),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
-    DeployService(Box<crate::agent::deploy::Deploy>),
+    DeployService(Box<crate::resources::service::deploy::Deploy>),
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -461,10 +461,14 @@ impl Step {
     pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return Ok(serde_json::to_value(crate::agent::deploy::deploy(d)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::deploy::deploy(d)?).ok(),
+                );
             }
             Step::Preflight(s) => {
-                return Ok(serde_json::to_value(crate::agent::preflight::preflight(s)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::preflight::preflight(s)?).ok(),
+                );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {
