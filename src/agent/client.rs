@@ -372,6 +372,7 @@ impl TargetReader for AgentReader {
 pub struct AgentWriter {
     conn: Conn,
     observe: Option<Observer>,
+    verify_full: bool,
 }
 
 impl AgentWriter {
@@ -380,12 +381,20 @@ impl AgentWriter {
         AgentWriter {
             conn: Conn::new(transport, binary),
             observe: None,
+            verify_full: false,
         }
     }
 
     /// Hands every event of the run to `observe` as it arrives.
     pub fn observe(mut self, observe: Observer) -> Self {
         self.observe = Some(observe);
+        self
+    }
+
+    /// Its reads (the stale-plan check and the verification after the steps) re-hash model
+    /// files instead of trusting their records, as `--verify-full` asks.
+    pub fn verify_full(mut self, full: bool) -> Self {
+        self.verify_full = full;
         self
     }
 
@@ -402,7 +411,7 @@ impl TargetReader for AgentWriter {
     }
 
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
-        Ok(self.conn.probe(probes, false)?)
+        Ok(self.conn.probe(probes, self.verify_full)?)
     }
 }
 

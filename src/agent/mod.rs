@@ -8,10 +8,7 @@
 pub mod attach;
 pub mod cache;
 pub mod client;
-pub mod deploy;
-pub mod preflight;
 pub mod run;
-pub mod sglang_rules;
 
 use std::io::{BufRead, Write};
 
@@ -58,7 +55,7 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                     Err(error) => Answer {
                         probe,
                         fact: None,
-                        error: Some(error),
+                        error: Some(error.to_string()),
                     },
                 })
                 .collect();

@@ -85,7 +85,14 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         confirm()?;
     }
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
+    // A saved plan made with --verify-full is re-read the same way, or every re-hashed
+    // answer would differ from a metadata-only one and the plan would look stale.
+    let mut target_args = args.targets.clone();
+    target_args.verify_full |= plan
+        .targets
+        .iter()
+        .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
+    let mut conns = Connections::new(&loaded, &target_args, binary, printer);
     // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
     let display = super::progress::Display::new(printer, args.json);
     let applied = online::apply(
@@ -104,7 +111,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                     .detail
                     .as_ref()
                     .and_then(|d| {
-                        serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
+                        serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
+                            d.clone(),
+                        )
+                        .ok()
                     })
                     .and_then(|r| r.verdict)
                     .map(|v| format!(": {}", v.summary()))
@@ -124,8 +134,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::preflight::PreflightReport>(d.clone())
-                        .ok()
+                    serde_json::from_value::<crate::resources::service::preflight::PreflightReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .map(|r| r.warnings)
                 .unwrap_or_default();

@@ -189,7 +189,7 @@ pub fn connect_writer(
     observe: Option<Observer>,
 ) -> anyhow::Result<Box<dyn TargetWriter>> {
     let transport = transport(loaded, target, args)?;
-    let writer = AgentWriter::new(transport, binary.clone());
+    let writer = AgentWriter::new(transport, binary.clone()).verify_full(args.verify_full);
     Ok(Box::new(match observe {
         Some(o) => writer.observe(o),
         None => writer,
