@@ -23,7 +23,15 @@ const SHARD: u64 = 1 << 30;
 fn wait_for(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let until = Instant::now() + limit;
     while !check() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
+        if Instant::now() >= until {
+            // The apply's log, when `what` names one.
+            let log = what
+                .rsplit(" in ")
+                .next()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            panic!("timed out waiting for {what}:\n{log}");
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -39,8 +47,9 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 /// `provision apply --yes [--json]` in the background, stderr into a file.
 fn spawn_apply(g: &Guest, stderr: &std::path::Path, json: bool) -> Child {
     Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
+        .args(["apply", "--yes"])
         .args(json.then_some("--json"))
+        .args(["--target", "guest.t", "--known-hosts"])
         .arg(g.dir.path().join("known_hosts"))
         .arg("--accept-new-host-keys")
         .arg(g.dir.path().join("inventory.yaml"))
@@ -111,9 +120,18 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
             .collect()
     };
     // Streamed: bytes arrive while the download runs, long before it ends.
-    wait_for(Duration::from_secs(300), "the download's bytes", || {
-        bytes_done(&json_lines(&read_log())).iter().any(|&d| d > 0)
-    });
+    wait_for(
+        Duration::from_secs(300),
+        &format!("the download's bytes in {}", log.display()),
+        || {
+            assert!(
+                first.try_wait().unwrap().is_none(),
+                "ended early: {}",
+                read_log()
+            );
+            bytes_done(&json_lines(&read_log())).iter().any(|&d| d > 0)
+        },
+    );
 
     // A second apply while the first holds the target: refused, the holder named.
     let second = g.provision(&["apply", "--yes"]);
@@ -234,11 +252,11 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
         ..Config::default()
     })
     .expect("the fake hub listens on the lab bridge");
-    // At 4 MiB/s a model takes more than 30 s: the interrupt surely lands inside the first.
+    // At 2 MiB/s a model takes more than 30 s: the interrupt surely lands inside the first.
     hub.add_fault(Fault::new(
         "",
         FaultKind::Slow {
-            bytes_per_sec: 4 << 20,
+            bytes_per_sec: 2 << 20,
         },
         None,
     ));
@@ -257,10 +275,15 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_for(
         Duration::from_secs(300),
-        "the first download's bytes",
+        &format!("the first download's bytes in {}", log.display()),
         || {
+            assert!(
+                apply.try_wait().unwrap().is_none(),
+                "ended early: {}",
+                read_log()
+            );
             read_log().lines().any(|l| {
-                l.starts_with("guest.t:   model-00001-of-00001.safetensors ")
+                l.contains("):   model-00001-of-00001.safetensors ")
                     && l.contains(", total ")
                     && l.contains("/s, eta ")
             })
@@ -304,10 +327,13 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
         128 << 20
     );
     assert_eq!(served(&format!("org/{other}/")), 0);
-    let started = format!("guest.t: download org/{first}@main into /shared/models/{first} ...");
-    let done = format!("guest.t: download org/{first}@main into /shared/models/{first} ... done (");
-    assert!(text.lines().any(|l| l == started), "{text}");
-    assert!(text.lines().any(|l| l.starts_with(&done)), "{text}");
+    // `guest t (root@IP:22): download ... ...` as it starts, `... done (17.8s)` as it ends.
+    let step = format!("): download org/{first}@main into /shared/models/{first} ...");
+    assert!(text.lines().any(|l| l.ends_with(&step)), "{text}");
+    assert!(
+        text.lines().any(|l| l.contains(&format!("{step} done ("))),
+        "{text}"
+    );
     assert!(!text.contains(&format!("download org/{other}")), "{text}");
 
     // The next apply does the rest, and only the rest.
