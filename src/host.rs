@@ -84,15 +84,26 @@ impl HostError {
     }
 }
 
-/// Runs a program, failing with its output's tail when it exits non-zero.
+/// Runs a program, failing with its output's tail when it exits non-zero. Its output
+/// lines are reported as progress while it runs (at most a few a second), so a long apt or
+/// pip run shows its last line on the workstation.
 pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), HostError> {
-    output(program, args, env).map(drop)
+    execute(program, args, env, true).map(drop)
 }
 
 /// Runs a program; its stdout, or an error with its output's tail when it exits non-zero.
-/// Its output lines are reported as progress while it runs (at most a few a second), so a
-/// long apt or pip run shows its last line on the workstation.
 pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<String, HostError> {
+    execute(program, args, env, false)
+}
+
+/// Runs a program; its stdout, or an error with its output's tail. With `report`, its
+/// lines go out as progress while it runs.
+fn execute(
+    program: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    report: bool,
+) -> Result<String, HostError> {
     let mut child = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
@@ -108,8 +119,11 @@ pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<St
     let stdout = child
         .stdout
         .take()
-        .map(|s| reported(Box::new(s), last.clone()));
-    let stderr = child.stderr.take().map(|s| reported(Box::new(s), last));
+        .map(|s| reported(Box::new(s), last.clone(), report));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| reported(Box::new(s), last, report));
     let status = child.wait().map_err(|source| HostError::Spawn {
         program: program.to_string(),
         source,
@@ -140,12 +154,13 @@ pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<St
     })
 }
 
-/// Reads `stream` to its end on a thread, reporting each complete line as progress (at
-/// most one every 300 ms across the program's streams, `last` shared between them); every
-/// byte read.
+/// Reads `stream` to its end on a thread; with `report`, its newest complete line goes
+/// out as progress (at most one every 300 ms across the program's streams, `last` shared
+/// between them). Every byte read.
 fn reported(
     mut stream: Box<dyn std::io::Read + Send>,
     last: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    report: bool,
 ) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let mut all = Vec::new();
@@ -156,6 +171,9 @@ fn reported(
                 break;
             }
             all.extend_from_slice(&buf[..n]);
+            if !report {
+                continue;
+            }
             let Some(end) = all[line_start..].iter().rposition(|&b| b == b'\n') else {
                 continue;
             };
