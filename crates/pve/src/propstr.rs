@@ -243,7 +243,8 @@ mod tests {
         assert!(
             parse(&MP, "/srv/shared")
                 .unwrap_err()
-                .0.contains("mp: property is missing")
+                .0
+                .contains("mp: property is missing")
         );
         assert!(parse(&NET, "name=eth0,colour=red").is_err());
     }
