@@ -5,15 +5,19 @@ use std::collections::HashMap;
 
 use super::Prepared;
 use super::ssh::node_transport;
+use super::targets::Connections;
 use super::targets::TargetArgs;
-use crate::diagnostic::Diagnostics;
+use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::desired::desired_state;
 use crate::gpu::passthrough_lines;
+use crate::inventory::Loaded;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
+use crate::plan::Plan;
 use crate::plan::Target;
 use crate::printer::Printer;
 use crate::resources::ResourceSpec;
+use crate::resources::pve_lines::is_dev_key;
 
 /// The desired state with the passthrough lines of every selected GPU container rendered
 /// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
@@ -45,6 +49,13 @@ pub fn with_live_gpus(
             .filter_map(|(name, ct)| Some((name, ct.gpus.as_ref()?)))
             .collect();
         if with_gpus.is_empty() {
+            continue;
+        }
+        if node.ssh.host.is_none() {
+            // The plan then names the lines that cannot be written (`refuse_root_only`).
+            printer.warn(&format!(
+                "node {node_name} has no SSH: its GPUs cannot be read; passthrough lines use the offline assumption"
+            ));
             continue;
         }
         printer.status(&format!("reading the GPUs of node {node_name}"));
@@ -95,4 +106,60 @@ pub fn with_live_gpus(
         desired,
         ..prepared
     })
+}
+
+/// Refuses, before anything changes, a plan whose root-only lines cannot run: their node
+/// has no SSH (a token, even root's, cannot write `devN` or raw `lxc.*` lines, and raw
+/// lines cannot be written through the API at all), or `devN` entries on a node older
+/// than Proxmox VE 8.1.
+pub fn refuse_root_only(
+    plan: &Plan,
+    loaded: &Loaded,
+    conns: &mut Connections<'_>,
+) -> anyhow::Result<()> {
+    let mut blocked = Vec::new();
+    for t in &plan.targets {
+        let Target::Container { node, .. } = &t.target else {
+            continue;
+        };
+        let Some(inv) = loaded.inventory.nodes.get(node.as_str()) else {
+            continue;
+        };
+        for c in &t.changes {
+            let ResourceSpec::PveLines(spec) = &c.spec else {
+                continue;
+            };
+            if inv.ssh.host.is_none() {
+                let keys: Vec<String> = c.attributes.iter().map(|a| a.name.clone()).collect();
+                blocked.push(format!(
+                    "{}: {} root-only line(s) ({}) need node `{node}`'s SSH as root, which the inventory does not give",
+                    c.address,
+                    keys.len(),
+                    keys.join(", ")
+                ));
+            } else if spec.pairs().iter().any(|(k, _)| is_dev_key(k)) {
+                let version = conns.node(node)?.version()?;
+                if !version.has_dev_passthrough() {
+                    blocked.push(format!(
+                        "{}: `devN` entries need Proxmox VE 8.1 or later; node `{node}` runs {}",
+                        c.address, version.version
+                    ));
+                }
+            }
+        }
+    }
+    if blocked.is_empty() {
+        return Ok(());
+    }
+    let mut d = Diagnostic::new(format!(
+        "{} step(s) of this plan cannot run; nothing was changed",
+        blocked.len()
+    ));
+    for b in blocked {
+        d = d.cause(b);
+    }
+    Err(d
+        .hint("give the node `ssh: { host: ..., identity_file: ... }` (root): root-only lines are written over it; an API token or a root@pam ticket cannot write raw `lxc.*` lines")
+        .hint("on a node older than 8.1, use `gpus: { method: lxc }` (classic lxc.* lines) instead of `dev`")
+        .into())
 }

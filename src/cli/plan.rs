@@ -81,6 +81,7 @@ pub fn read_plan(
         printer.status(&format!("reading {}", d.target.heading()));
         conns.reader(d)
     })?;
+    super::node::refuse_root_only(&plan, &prepared.loaded, &mut conns)?;
     conns.report_calls();
     Ok(plan)
 }

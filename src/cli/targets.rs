@@ -7,16 +7,22 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::access::{ApiTarget, TargetReader, TargetWriter};
+use std::collections::BTreeSet;
+
+use super::guest;
+use crate::access::{ApiTarget, SeenContainers, TargetReader, TargetWriter};
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
+use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
+use crate::plan::Action;
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
 use crate::proxmox::{ApiSettings, NodeApi};
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
+use crate::resources::container::RestartPolicy;
 use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
@@ -82,6 +88,11 @@ pub struct Connections<'a> {
     binary: Arc<AgentBinary>,
     printer: &'a Printer,
     nodes: HashMap<String, Arc<NodeApi>>,
+    /// Each node's containers as its last listing showed them.
+    seen: HashMap<String, SeenContainers>,
+    /// Containers this apply creates or replaces: their guests are bootstrapped and
+    /// their new host keys trusted.
+    fresh: BTreeSet<u64>,
 }
 
 impl<'a> Connections<'a> {
@@ -98,28 +109,91 @@ impl<'a> Connections<'a> {
             binary,
             printer,
             nodes: HashMap::new(),
+            seen: HashMap::new(),
+            fresh: BTreeSet::new(),
         }
     }
 
-    /// Read access for `plan` and `check`: the agent for a guest, the node's API for a
-    /// container's config.
+    fn seen(&mut self, node: &str) -> SeenContainers {
+        self.seen.entry(node.to_string()).or_default().clone()
+    }
+
+    /// Read access for `plan` and `check`: the agent for a guest (through the node when
+    /// it does not answer SSH yet; the empty world when its container is not there), the
+    /// node's API for a container's config.
     pub fn reader(&mut self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
         match &d.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(d.resources.iter().map(|r| &r.spec)),
-            ))),
+            Target::Container { node, .. } => {
+                let seen = self.seen(node);
+                Ok(Box::new(
+                    ApiTarget::new(
+                        self.node(node)?,
+                        container_specs(d.resources.iter().map(|r| &r.spec)),
+                    )
+                    .recording(seen),
+                ))
+            }
+            Target::Guest { name, .. } => {
+                let seen = guest::find(self.loaded, name).and_then(|(n, _, _)| self.seen.get(n));
+                let transport =
+                    match guest::plan_read(self.loaded, name, seen, self.args, self.printer)? {
+                        guest::GuestRead::Empty(r) => return Ok(r),
+                        guest::GuestRead::Ssh(t) | guest::GuestRead::Node(t) => t,
+                    };
+                Ok(Box::new(
+                    AgentReader::new(transport, self.binary.clone())
+                        .verify_full(self.args.verify_full),
+                ))
+            }
             target => connect_reader(self.loaded, target, self.args, &self.binary),
         }
     }
 
-    /// Write access for `apply` only.
+    /// Write access for `apply` only. A container's root-only lines go over its node's
+    /// SSH; a guest whose container this apply created, or that does not answer SSH, is
+    /// bootstrapped through its node first.
     pub fn writer(&mut self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(t.changes.iter().map(|c| &c.spec)),
-            ))),
+            Target::Container { node, name, vmid } => {
+                let api = ApiTarget::new(
+                    self.node(node)?,
+                    container_specs(t.changes.iter().map(|c| &c.spec)),
+                );
+                if t.changes.iter().any(|c| {
+                    matches!(c.spec, ResourceSpec::Container(_))
+                        && matches!(c.action, Action::Create | Action::Replace)
+                }) {
+                    self.fresh.insert(*vmid);
+                }
+                let inv = guest::find(self.loaded, name);
+                let restart =
+                    inv.is_some_and(|(_, _, ct)| ct.restart.value == RestartPolicy::Allowed);
+                let steps = if t
+                    .changes
+                    .iter()
+                    .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+                {
+                    let (_, n, _) = inv.ok_or_else(|| {
+                        Diagnostic::new(format!("no container `{name}` in the inventory"))
+                    })?;
+                    Some(NodeSteps {
+                        node: crate::cli::ssh::node_transport(self.loaded, node, self.args)?,
+                        config_root: n.config_root.to_string(),
+                        lock_dir: node_target::lock_dir(),
+                        pve_node: n.api.node.to_string(),
+                    })
+                } else {
+                    None
+                };
+                Ok(Box::new(ContainerTarget::new(api, steps, restart)))
+            }
+            Target::Guest { name, .. } => {
+                let fresh = guest::find(self.loaded, name)
+                    .is_some_and(|(_, _, ct)| self.fresh.contains(&ct.vmid.value));
+                let transport =
+                    guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
+                Ok(Box::new(AgentWriter::new(transport, self.binary.clone())))
+            }
             target => connect_writer(self.loaded, target, self.args, &self.binary),
         }
     }

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::{Desired, DesiredTarget, diff_target};
-use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
+use crate::access::{ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
 use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
+use crate::plan::{Action, Change, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::wire::Step;
 
@@ -95,6 +95,11 @@ pub fn apply(
         let mut ops = Vec::new();
         let mut steps = Vec::new();
         let mut preflights = preflights_of(t);
+        let lines: Vec<&Change> = t
+            .changes
+            .iter()
+            .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+            .collect();
         for c in &t.changes {
             // A service's preflight runs before its unit is written, or before its deploy
             // when the unit itself does not change: a refused argv changes nothing.
@@ -107,12 +112,22 @@ pub fn apply(
                 steps.push(step);
             }
             if let ResourceSpec::Container(spec) = &c.spec {
-                // Applied through the node's API, not by guest steps.
+                // Applied through the node's API, not by guest steps; started only after
+                // root-only lines, when there are any.
                 ops.push(Op::Api(ApiOp::Container {
                     address: c.address.clone(),
                     spec: spec.clone(),
                     action: c.action,
                     allow_replace: options.allow_replace,
+                    start: lines.is_empty(),
+                }));
+                continue;
+            }
+            if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
+                // Root-only: over the node's SSH as root.
+                ops.push(Op::Node(NodeOp::Lines {
+                    address: c.address.clone(),
+                    spec: spec.clone(),
                 }));
                 continue;
             }
@@ -125,6 +140,13 @@ pub fn apply(
                 })),
                 Err(why) => unsupported.push(format!("{}: {why}", c.address)),
             }
+        }
+        if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
+            // Root-only lines take effect at a start: create (stopped) -> lines -> start.
+            ops.push(Op::Api(ApiOp::Start {
+                vmid: *vmid,
+                reboot: true,
+            }));
         }
         if !t.changes.is_empty() {
             ops.extend(steps.into_iter().map(Op::Guest));
@@ -147,17 +169,28 @@ pub fn apply(
         .hint("make a plan that reads the targets: `provision plan --out FILE INVENTORY`")
         .into());
     }
-    let mut writers = Vec::new();
-    for (t, _) in &work {
-        writers.push(connect(t)?);
-    }
+    // A saved plan is checked against every target before anything runs; otherwise each
+    // target is connected when its turn comes, so a guest whose container is created
+    // (and bootstrapped) earlier in this apply can be reached.
+    let mut writers: Vec<Option<Box<dyn TargetWriter>>> = Vec::new();
     if options.saved {
-        refuse_stale(&work, &writers)?;
+        for (t, _) in &work {
+            writers.push(Some(connect(t)?));
+        }
+        let connected: Vec<&dyn TargetWriter> =
+            writers.iter().flatten().map(|w| w.as_ref()).collect();
+        refuse_stale(&work, &connected)?;
+    } else {
+        writers.resize_with(work.len(), || None);
     }
     let mut outcomes = Vec::new();
     let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
     for ((t, steps), writer) in work.into_iter().zip(writers) {
         let started = Instant::now();
+        let writer = match writer {
+            Some(w) => w,
+            None => connect(t)?,
+        };
         let results = writer.run(&steps)?;
         for r in &results {
             on_step(&t.target, r);
@@ -247,7 +280,7 @@ pub fn apply(
 /// was made from refuses the whole plan before anything runs, as a stale saved plan must.
 fn refuse_stale(
     work: &[(&TargetPlan, Vec<Op>)],
-    writers: &[Box<dyn TargetWriter>],
+    writers: &[&dyn TargetWriter],
 ) -> anyhow::Result<()> {
     let mut stale = Vec::new();
     for ((t, _), writer) in work.iter().zip(writers) {

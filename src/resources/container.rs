@@ -71,6 +71,10 @@ pub struct ContainerSpec {
     /// Whether apply may restart it to apply pending changes.
     #[serde(default)]
     pub restart: RestartPolicy,
+    /// Whether its node has SSH, so a created container is bootstrapped through the node
+    /// (`pct exec`/`pct push`) before SSH takes over.
+    #[serde(default)]
+    pub bootstrap: bool,
 }
 
 impl ContainerSpec {
@@ -133,6 +137,7 @@ impl ContainerSpec {
             config,
             ssh_public_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
             restart: ct.restart.value,
+            bootstrap: false,
         }
     }
 
@@ -295,7 +300,14 @@ impl ContainerSpec {
                 .collect();
             d = d.attr(Attribute::new("ssh-public-keys", summary.join(", ")));
         }
-        d.attr(Attribute::new("status", "running"))
+        d = d.attr(Attribute::new("status", "running"));
+        if self.bootstrap {
+            d = d.attr(Attribute::new(
+                "bootstrap",
+                "after start, through node SSH (pct exec/pct push): openssh-server and the keys where missing, host keys recorded from the node; then SSH",
+            ));
+        }
+        d
     }
 }
 
@@ -427,6 +439,7 @@ mod tests {
             ],
             ssh_public_keys: vec![],
             restart: RestartPolicy::Never,
+            bootstrap: false,
         }
     }
 

@@ -1,0 +1,152 @@
+//! A container target whose apply needs both the node's API and, for root-only lines, the
+//! node's SSH as root: API operations go to the API, [`NodeOp`]s over node SSH.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::config_edit::{self, ConfigFile};
+use crate::access::{
+    AccessError, ApiOp, ApiTarget, NodeOp, Op, OpOutcome, TargetReader, TargetWriter,
+};
+use crate::resources::wire::{Facts, Probe};
+use crate::transport::Transport;
+
+/// The environment variable naming the node's config lock directory, for a node whose
+/// locks are not where Proxmox keeps them (a lab beside the default one:
+/// `$LAB_LOCK_DIR`); unset on real nodes ([`config_edit::PVE_LOCK_DIR`]).
+pub const LOCK_DIR_ENV: &str = "PROVISION_NODE_LOCK_DIR";
+
+/// The node's config lock directory: [`LOCK_DIR_ENV`] or Proxmox's.
+pub fn lock_dir() -> String {
+    std::env::var(LOCK_DIR_ENV)
+        .ok()
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| config_edit::PVE_LOCK_DIR.to_string())
+}
+
+/// Where root-only steps run: the node's SSH as root and where it keeps configs.
+pub struct NodeSteps {
+    /// SSH to the node as root.
+    pub node: Arc<dyn Transport>,
+    /// The node's cluster config root (`/etc/pve`).
+    pub config_root: String,
+    /// The config lock directory (`/run/lock/lxc`).
+    pub lock_dir: String,
+    /// The node's name in Proxmox (its directory under `nodes/`).
+    pub pve_node: String,
+}
+
+impl NodeSteps {
+    /// Runs one node step; the outcome says what was done.
+    fn run(&self, op: &NodeOp) -> Result<OpOutcome, AccessError> {
+        let started = Instant::now();
+        let NodeOp::Lines { address, spec } = op;
+        let file = ConfigFile::new(&self.config_root, &self.pve_node, &self.lock_dir, spec.vmid);
+        let wanted = spec.pairs();
+        let before =
+            config_edit::read(self.node.as_ref(), &file).map_err(|e| node_err(address, e))?;
+        let edit =
+            config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &|k, v| spec.owns(k, v));
+        if !edit.is_empty() {
+            config_edit::apply(self.node.as_ref(), &file, &edit)
+                .map_err(|e| node_err(address, e))?;
+        }
+        let mut done = Vec::new();
+        let pct: Vec<String> = edit
+            .set
+            .iter()
+            .map(|(k, _)| k.clone())
+            .chain(edit.delete.iter().map(|k| format!("delete {k}")))
+            .collect();
+        if !pct.is_empty() {
+            done.push(format!("pct set {} ({})", spec.vmid, pct.join(", ")));
+        }
+        let lines = edit.add_lxc.len() + edit.remove_lxc.len();
+        if lines > 0 {
+            done.push(format!(
+                "locked edit of {}: {} line(s) added, {} removed",
+                file.path,
+                edit.add_lxc.len(),
+                edit.remove_lxc.len()
+            ));
+        }
+        if done.is_empty() {
+            done.push("already as wanted".into());
+        }
+        Ok(OpOutcome {
+            description: format!("{address} over node SSH: {}, read back", done.join("; ")),
+            error: None,
+            hints: Vec::new(),
+            detail: None,
+            millis: started.elapsed().as_millis() as u64,
+        })
+    }
+}
+
+fn node_err(address: &str, e: super::NodeError) -> AccessError {
+    AccessError::Node {
+        address: address.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// A container's config: read through the API, changed through the API and, for
+/// root-only lines, over node SSH.
+pub struct ContainerTarget {
+    api: ApiTarget,
+    node: Option<NodeSteps>,
+    restart_allowed: bool,
+}
+
+impl ContainerTarget {
+    /// `api` for reads and API operations; `node` for node steps (none: they are refused);
+    /// `restart_allowed`: the inventory's `restart: allowed`, so a running container is
+    /// rebooted for new root-only lines to take effect.
+    pub fn new(api: ApiTarget, node: Option<NodeSteps>, restart_allowed: bool) -> Self {
+        ContainerTarget {
+            api,
+            node,
+            restart_allowed,
+        }
+    }
+}
+
+impl TargetReader for ContainerTarget {
+    fn describe(&self) -> String {
+        self.api.describe()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        self.api.read(probes)
+    }
+}
+
+impl TargetWriter for ContainerTarget {
+    /// In order: API operations through the API, node steps over node SSH; the first
+    /// failure stops it.
+    fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
+        let mut results = Vec::new();
+        for op in ops {
+            match op {
+                Op::Node(n) => {
+                    let Some(node) = &self.node else {
+                        return Err(AccessError::Unsupported {
+                            target: "this container (no node SSH)".into(),
+                            what: op.describe(),
+                        });
+                    };
+                    results.push(node.run(n)?);
+                }
+                Op::Api(ApiOp::Start { vmid, reboot }) => {
+                    let op = Op::Api(ApiOp::Start {
+                        vmid: *vmid,
+                        reboot: *reboot && self.restart_allowed,
+                    });
+                    results.extend(self.api.run(std::slice::from_ref(&op))?);
+                }
+                _ => results.extend(self.api.run(std::slice::from_ref(op))?),
+            }
+        }
+        Ok(results)
+    }
+}
