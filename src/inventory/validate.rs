@@ -139,11 +139,23 @@ impl Validator<'_> {
                 "add `token: { env: PVE_TOKEN }`, or `password: { env: PVE_ROOT_PASSWORD }` for root@pam",
             );
         }
-        if node.ssh.host.is_none() {
+        // Without node SSH, containers are still created and changed through the API
+        // (their guests must answer SSH themselves); GPU passthrough lines are root-only
+        // and raw `lxc.*` lines cannot go through the API at all.
+        let with_gpus: Vec<&str> = node
+            .containers
+            .iter()
+            .filter(|(_, ct)| ct.gpus.is_some())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if node.ssh.host.is_none() && !with_gpus.is_empty() {
             self.err(
                 node.api.url.pos,
-                format!("node `{name}` has no `ssh.host`"),
-                "provision needs SSH to the node for root-only edits; add `ssh: { host: ... }`",
+                format!(
+                    "node `{name}` has no `ssh.host`: the GPU passthrough lines of container(s) {} are root-only steps (devN, raw lxc.* lines) that cannot run without it",
+                    with_gpus.join(", ")
+                ),
+                "add `ssh: { host: ..., identity_file: ... }` (root) to the node: an API token cannot write these lines, and raw lxc.* lines cannot go through the API at all",
             );
         }
     }

@@ -324,6 +324,13 @@ pub fn start(
                 follow(api, &upid, TASK_LIMIT)
             },
         )?;
+    } else {
+        log(
+            &format!(
+                "CT {vmid} keeps running: its new root-only lines take effect at its next start (`restart: never`)"
+            ),
+            Duration::ZERO,
+        );
     }
     if !list(api)?.get(&vmid).is_some_and(|(_, r)| *r) {
         return Err(ContainerError::NotConverged {

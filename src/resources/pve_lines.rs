@@ -117,10 +117,24 @@ impl Resource for PveLinesSpec {
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let found = facts
-            .pve_container(&self.probes()[0])?
-            .map(|f| f.config.clone())
+        let fact = facts.pve_container(&self.probes()[0])?;
+        // Options queued in `[pve:pending]` (a `pct set` on a running container) count as
+        // done: they take effect at the next start, as the container's own options do.
+        let mut found: Vec<(String, String)> = fact
+            .map(|f| {
+                f.config
+                    .iter()
+                    .filter(|(k, _)| !f.pending_delete.contains(k))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
+        if let Some(f) = fact {
+            for (k, v) in &f.pending {
+                found.retain(|(fk, _)| fk != k);
+                found.push((k.clone(), v.clone()));
+            }
+        }
         let want = self.pairs();
         let mut d = Delta::new(Action::Update);
         for (k, v) in &want {
