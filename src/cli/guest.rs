@@ -169,7 +169,7 @@ pub fn apply_connect(
         report.done.join(", ")
     };
     printer.status(&format!(
-        "guest.{name}: bootstrap through node {node_name} (pct exec/push): {done}; {} host key(s) recorded in {} ... done ({:.1}s)",
+        "guest.{name}: bootstrap through node {node_name} (pct exec/push): {done}; its {} host key(s), read through the node, on file in {} ... done ({:.1}s)",
         report.host_keys.len(),
         known_hosts.display(),
         started.elapsed().as_secs_f64()
