@@ -415,18 +415,35 @@ fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
     let mut ct = cli.ct("pxc-adopt", existing.vmid, 0);
     ct.ip_host = existing.ip.octets()[3].into();
     ct.hostname = Some(format!("ct{}", existing.vmid));
-    ct.restart = "allowed";
     ct.disk_gib = 4;
     cli.write(&ct, true);
     let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
     assert!(plan.contains("adopted"), "{plan}");
     assert!(!plan.contains("+ container"), "never recreated: {plan}");
+    assert!(plan.contains("read through node"), "{plan}");
     // Its host key is not on file: the guest is read through the node, then apply
-    // bootstraps it (keys recorded from the node) before SSH takes over.
+    // bootstraps it (keys recorded from the node) before SSH takes over. `restart:
+    // never`: the lines are written but wait for the next start, and apply says so.
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("bootstrap through node"), "{out}");
+    assert!(out.contains("take effect at its next start"), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    // The config matches, but the running container does not see its GPU: drift.
+    let drift = cli.expect(&["check"], 2);
+    assert!(
+        drift.contains("/dev/nvidia1 is not in the container"),
+        "{drift}"
+    );
+    ct.restart = "allowed";
+    cli.write(&ct, true);
     let out = cli.expect(&["apply", "--yes"], 0);
     assert!(out.contains("reboot CT"), "{out}");
-    assert!(out.contains("bootstrap through node"), "{out}");
-    cli.expect(&["plan", "--detailed-exitcode"], 0);
+    assert!(out.contains("GPU checks in CT"), "{out}");
+    let clean = cli.expect(&["plan", "--detailed-exitcode"], 0);
+    assert!(
+        clean.contains("driver: not checked (no nvidia-smi in the container)"),
+        "{clean}"
+    );
     assert_gpu_visible(&cli, &ct);
 }
 

@@ -2,22 +2,27 @@
 //! the GPUs of nodes whose containers pass GPUs through.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::Prepared;
 use super::ssh::node_transport;
 use super::targets::Connections;
 use super::targets::TargetArgs;
 use crate::diagnostic::{Diagnostic, Diagnostics};
+use crate::engine::DesiredTarget;
 use crate::engine::desired::desired_state;
 use crate::gpu::passthrough_lines;
 use crate::inventory::Loaded;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
-use crate::plan::Plan;
+use crate::node::gpu_check;
 use crate::plan::Target;
+use crate::plan::{Action, Attribute, Change, Plan};
 use crate::printer::Printer;
+use crate::resources::Resource;
 use crate::resources::ResourceSpec;
 use crate::resources::pve_lines::is_dev_key;
+use crate::transport::Transport;
 
 /// The desired state with the passthrough lines of every selected GPU container rendered
 /// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
@@ -26,7 +31,8 @@ pub fn with_live_gpus(
     prepared: Prepared,
     targets: &TargetArgs,
     printer: &Printer,
-) -> anyhow::Result<Prepared> {
+) -> anyhow::Result<(Prepared, LiveNodes)> {
+    let mut live = LiveNodes::new();
     let loaded = &prepared.loaded;
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
     // The container's target as `--target` spells it (its guest's name selects the
@@ -81,10 +87,11 @@ pub fn with_live_gpus(
                 .into());
             }
         }
+        live.insert(node_name.to_string(), (transport, gpus.clone()));
         read.insert(node_name.to_string(), gpus);
     }
     if read.is_empty() {
-        return Ok(prepared);
+        return Ok((prepared, live));
     }
     let mut desired = desired_state(loaded, &prepared.library, &|n| {
         read.get(n).map(NodeGpus::view)
@@ -102,10 +109,80 @@ pub fn with_live_gpus(
             }
         }
     }
-    Ok(Prepared {
-        desired,
-        ..prepared
-    })
+    Ok((
+        Prepared {
+            desired,
+            ..prepared
+        },
+        live,
+    ))
+}
+
+/// The node sessions that read GPU facts, with what they read, by node name.
+pub type LiveNodes = HashMap<String, (Arc<dyn Transport>, NodeGpus)>;
+
+/// The GPU checks inside every running container whose passthrough lines are as
+/// declared (one `pct exec` over the node session that read the facts): a container that
+/// does not see exactly its GPUs (lines written while it ran, a driver reloaded under it)
+/// is drift of its passthrough lines, planned as such (apply writes nothing new and
+/// restarts it when `restart: allowed`).
+pub fn gpu_checks(
+    plan: Plan,
+    desired: &[DesiredTarget],
+    live: &LiveNodes,
+    running: &dyn Fn(&str, u64) -> bool,
+    printer: &Printer,
+) -> anyhow::Result<Plan> {
+    let mut targets = plan.targets;
+    for t in &mut targets {
+        let Target::Container { node, vmid, .. } = &t.target else {
+            continue;
+        };
+        let Some((session, gpus)) = live.get(node) else {
+            continue;
+        };
+        if t.changes
+            .iter()
+            .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+            || !running(node, *vmid)
+        {
+            continue;
+        }
+        let Some(d) = desired.iter().find(|d| d.target == t.target) else {
+            continue;
+        };
+        for r in &d.resources {
+            let ResourceSpec::PveLines(spec) = &r.spec else {
+                continue;
+            };
+            let want = gpu_check::expected(gpus, spec);
+            let view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
+            printer.status(&format!("{}: GPUs: {}", t.target.heading(), view.summary));
+            if view.drift.is_empty() {
+                continue;
+            }
+            t.unchanged = t.unchanged.saturating_sub(1);
+            t.changes.push(Change {
+                address: d.address(&r.spec),
+                kind: "pve_lines".into(),
+                name: spec.name(),
+                action: Action::Update,
+                role: r.role.clone(),
+                attributes: view
+                    .drift
+                    .iter()
+                    .map(|line| Attribute::change("in the container", Some(line.clone()), Some("as declared".into())))
+                    .collect(),
+                diff: None,
+                reasons: vec![format!(
+                    "the config has the lines but the running container does not see its GPUs as declared: they take effect at a start; apply restarts CT {vmid} only with `restart: allowed`"
+                )],
+                warnings: Vec::new(),
+                spec: r.spec.clone(),
+            });
+        }
+    }
+    Ok(Plan::new(&plan.inventory, plan.mode, targets))
 }
 
 /// Refuses, before anything changes, a plan whose root-only lines cannot run: their node

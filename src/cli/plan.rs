@@ -72,7 +72,7 @@ pub fn read_plan(
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Plan> {
-    let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
+    let (prepared, live) = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
     let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
@@ -82,6 +82,8 @@ pub fn read_plan(
         conns.reader(d)
     })?;
     super::node::refuse_root_only(&plan, &prepared.loaded, &mut conns)?;
+    let plan =
+        super::node::gpu_checks(plan, &desired, &live, &|n, v| conns.running(n, v), printer)?;
     conns.report_calls();
     Ok(plan)
 }

@@ -114,6 +114,14 @@ impl<'a> Connections<'a> {
         }
     }
 
+    /// Whether the last listing of `node` showed container `vmid` running.
+    pub fn running(&self, node: &str, vmid: u64) -> bool {
+        self.seen
+            .get(node)
+            .and_then(|s| s.lock().ok().and_then(|s| s.get(&vmid).copied()))
+            .unwrap_or(false)
+    }
+
     fn seen(&mut self, node: &str) -> SeenContainers {
         self.seen.entry(node.to_string()).or_default().clone()
     }
@@ -176,8 +184,17 @@ impl<'a> Connections<'a> {
                     let (_, n, _) = inv.ok_or_else(|| {
                         Diagnostic::new(format!("no container `{name}` in the inventory"))
                     })?;
+                    let session = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    let gpus = t.changes.iter().any(|c| matches!(&c.spec, ResourceSpec::PveLines(l) if l.label == crate::node::gpu::LABEL));
+                    let gpus = if gpus {
+                        let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
+                        Some(crate::node::gpu::read(session.as_ref(), &root)?)
+                    } else {
+                        None
+                    };
                     Some(NodeSteps {
-                        node: crate::cli::ssh::node_transport(self.loaded, node, self.args)?,
+                        node: session,
+                        gpus,
                         config_root: n.config_root.to_string(),
                         lock_dir: node_target::lock_dir(),
                         pve_node: n.api.node.to_string(),

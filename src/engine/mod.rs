@@ -41,7 +41,7 @@ impl DesiredTarget {
     }
 
     /// `<target>/<kind>:<name>` for a resource of this target.
-    fn address(&self, spec: &ResourceSpec) -> String {
+    pub fn address(&self, spec: &ResourceSpec) -> String {
         let prefix = self.target.names().0;
         format!("{prefix}/{}", spec.address())
     }

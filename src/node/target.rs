@@ -4,10 +4,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::NodeError;
 use super::config_edit::{self, ConfigFile};
+use super::gpu::NodeGpus;
+use super::gpu_check;
 use crate::access::{
     AccessError, ApiOp, ApiTarget, NodeOp, Op, OpOutcome, TargetReader, TargetWriter,
 };
+use crate::resources::pve_lines::PveLinesSpec;
 use crate::resources::wire::{Facts, Probe};
 use crate::transport::Transport;
 
@@ -34,6 +38,9 @@ pub struct NodeSteps {
     pub lock_dir: String,
     /// The node's name in Proxmox (its directory under `nodes/`).
     pub pve_node: String,
+    /// The node's GPUs, for the checks inside a container after its passthrough lines
+    /// took effect.
+    pub gpus: Option<NodeGpus>,
 }
 
 impl NodeSteps {
@@ -83,6 +90,52 @@ impl NodeSteps {
     }
 }
 
+impl NodeSteps {
+    /// After the container (re)started with its passthrough lines: the GPU checks inside
+    /// it. A container that does not see its GPUs is an error, unless it kept running
+    /// (`restart: never`), when the outcome says the lines wait for its next start.
+    fn gpu_check(
+        &self,
+        spec: &PveLinesSpec,
+        restarted: bool,
+    ) -> Result<Option<OpOutcome>, AccessError> {
+        let Some(gpus) = &self.gpus else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let address = format!("CT {} GPUs", spec.vmid);
+        let want = gpu_check::expected(gpus, spec);
+        let view = gpu_check::check(self.node.clone(), spec.vmid, gpus, &want)
+            .map_err(|e| node_err(&address, e))?;
+        if !view.drift.is_empty() && restarted {
+            return Err(node_err(
+                &address,
+                NodeError::NotVerified {
+                    what: "GPU passthrough".into(),
+                    target: format!("CT {}", spec.vmid),
+                    detail: view.drift.join("; "),
+                },
+            ));
+        }
+        let description = if view.drift.is_empty() {
+            format!("GPU checks in CT {}: {}", spec.vmid, view.summary)
+        } else {
+            format!(
+                "GPU checks in CT {}: not yet as declared ({}); the lines take effect at its next start",
+                spec.vmid,
+                view.drift.join("; ")
+            )
+        };
+        Ok(Some(OpOutcome {
+            description,
+            error: None,
+            hints: Vec::new(),
+            detail: None,
+            millis: started.elapsed().as_millis() as u64,
+        }))
+    }
+}
+
 fn node_err(address: &str, e: super::NodeError) -> AccessError {
     AccessError::Node {
         address: address.to_string(),
@@ -126,6 +179,7 @@ impl TargetWriter for ContainerTarget {
     /// failure stops it.
     fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
         let mut results = Vec::new();
+        let mut lines = None;
         for op in ops {
             match op {
                 Op::Node(n) => {
@@ -136,13 +190,24 @@ impl TargetWriter for ContainerTarget {
                         });
                     };
                     results.push(node.run(n)?);
+                    let NodeOp::Lines { spec, .. } = n;
+                    lines = Some(spec);
                 }
                 Op::Api(ApiOp::Start { vmid, reboot }) => {
                     let op = Op::Api(ApiOp::Start {
                         vmid: *vmid,
                         reboot: *reboot && self.restart_allowed,
                     });
-                    results.extend(self.api.run(std::slice::from_ref(&op))?);
+                    let start = self.api.run(std::slice::from_ref(&op))?;
+                    // Started or rebooted: the lines are in effect now (else it kept
+                    // running and says so).
+                    let restarted = !start
+                        .iter()
+                        .any(|o| o.description.contains("keeps running"));
+                    results.extend(start);
+                    if let (Some(node), Some(spec)) = (&self.node, lines) {
+                        results.extend(node.gpu_check(spec, restarted)?);
+                    }
                 }
                 _ => results.extend(self.api.run(std::slice::from_ref(op))?),
             }
