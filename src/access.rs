@@ -176,11 +176,6 @@ impl ApiTarget {
         self.seen = Some(seen);
         self
     }
-
-    /// The node's API.
-    pub fn api(&self) -> &Arc<NodeApi> {
-        &self.api
-    }
 }
 
 impl TargetReader for ApiTarget {

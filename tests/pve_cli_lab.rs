@@ -236,47 +236,32 @@ nodes:
     /// A command in the guest over SSH as root, checked against this test's known_hosts
     /// (strict: the keys provision recorded from the node).
     fn guest(&self, ct: &Ct, cmd: &str) -> String {
-        let o = Command::new("ssh")
-            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-o"])
-            .arg("StrictHostKeyChecking=yes")
-            .arg("-o")
-            .arg(format!(
-                "UserKnownHostsFile={}",
-                self.dir.path().join("known_hosts").display()
-            ))
-            .arg("-i")
-            .arg(self.lab.key_path())
-            .arg(format!("root@{}", self.ip(ct)))
-            .arg(cmd)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "`{cmd}` in the guest: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+        self.ssh(&format!("root@{}", self.ip(ct)), "22", cmd)
     }
 
     /// A command on the lab node over its SSH as root.
     fn node(&self, cmd: &str) -> String {
         let (host, port) = self.lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+        self.ssh(&format!("root@{host}"), port, cmd)
+    }
+
+    fn ssh(&self, to: &str, port: &str, cmd: &str) -> String {
         let o = Command::new("ssh")
             .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-p", port])
-            .arg("-o")
+            .args(["-o", "StrictHostKeyChecking=yes", "-o"])
             .arg(format!(
                 "UserKnownHostsFile={}",
                 self.dir.path().join("known_hosts").display()
             ))
             .arg("-i")
             .arg(self.lab.key_path())
-            .arg(format!("root@{host}"))
+            .arg(to)
             .arg(cmd)
             .output()
             .unwrap();
         assert!(
             o.status.success(),
-            "`{cmd}` on the node: {}",
+            "`{cmd}` on {to}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
         String::from_utf8_lossy(&o.stdout).into_owned()

@@ -311,19 +311,10 @@ pub fn start(
     let base = api.node_path(&format!("/lxc/{vmid}"));
     let running = listing.get(&vmid).is_some_and(|(_, r)| *r);
     if !running {
-        timed(log, &format!("start CT {vmid}"), || {
-            let upid = api.call("POST", &format!("{base}/status/start"), &[])?;
-            follow(api, &upid, TASK_LIMIT)
-        })?;
+        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
     } else if reboot {
-        timed(
-            log,
-            &format!("reboot CT {vmid} so its new root-only lines take effect"),
-            || {
-                let upid = api.call("POST", &format!("{base}/status/reboot"), &[])?;
-                follow(api, &upid, TASK_LIMIT)
-            },
-        )?;
+        let what = format!("reboot CT {vmid} so its new root-only lines take effect");
+        power(api, &base, "reboot", &what, log)?;
     } else {
         log(
             &format!(
@@ -339,6 +330,20 @@ pub fn start(
         });
     }
     Ok(())
+}
+
+/// `POST {base}/status/{action}` followed to its end, logged as `what`.
+fn power(
+    api: &NodeApi,
+    base: &str,
+    action: &str,
+    what: &str,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ProxmoxError> {
+    timed(log, what, || {
+        let upid = api.call("POST", &format!("{base}/status/{action}"), &[])?;
+        follow(api, &upid, TASK_LIMIT)
+    })
 }
 
 fn timed<T>(
@@ -390,10 +395,7 @@ fn destroy(
 ) -> Result<(), ContainerError> {
     let base = api.node_path(&format!("/lxc/{vmid}"));
     if running {
-        timed(log, &format!("stop CT {vmid}"), || {
-            let upid = api.call("POST", &format!("{base}/status/stop"), &[])?;
-            follow(api, &upid, TASK_LIMIT)
-        })?;
+        power(api, &base, "stop", &format!("stop CT {vmid}"), log)?;
     }
     timed(
         log,
@@ -460,23 +462,14 @@ fn update(
         return Ok(());
     }
     if !found.running {
-        timed(log, &format!("start CT {vmid}"), || {
-            let upid = api.call("POST", &format!("{base}/status/start"), &[])?;
-            follow(api, &upid, TASK_LIMIT)
-        })?;
+        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
         return Ok(());
     }
     if spec.restart == RestartPolicy::Allowed {
         let after = read(api, vmid, true)?;
         if !after.pending.is_empty() || !after.pending_delete.is_empty() {
-            timed(
-                log,
-                &format!("reboot CT {vmid} to apply pending changes"),
-                || {
-                    let upid = api.call("POST", &format!("{base}/status/reboot"), &[])?;
-                    follow(api, &upid, TASK_LIMIT)
-                },
-            )?;
+            let what = format!("reboot CT {vmid} to apply pending changes");
+            power(api, &base, "reboot", &what, log)?;
         }
     }
     Ok(())
