@@ -209,7 +209,10 @@ impl<'a> Connections<'a> {
                     .is_some_and(|(_, _, ct)| self.fresh.contains(&ct.vmid.value));
                 let transport =
                     guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
-                Ok(Box::new(AgentWriter::new(transport, self.binary.clone())))
+                Ok(Box::new(
+                    AgentWriter::new(transport, self.binary.clone())
+                        .verify_full(self.args.verify_full),
+                ))
             }
             target => connect_writer(self.loaded, target, self.args, &self.binary),
         }

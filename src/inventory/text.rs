@@ -288,10 +288,30 @@ mod tests {
     fn abs_path_rules() {
         assert!(AbsPath::parse("/shared/models").is_ok());
         assert!(AbsPath::parse("/").is_ok());
-        assert!(AbsPath::parse("shared").unwrap_err().to_string().contains("relative"));
-        assert!(AbsPath::parse("/a/../b").unwrap_err().to_string().contains(".."));
-        assert!(AbsPath::parse("/a//b").unwrap_err().to_string().contains("`/a/b`"));
-        assert!(AbsPath::parse("/a/\nb").unwrap_err().to_string().contains("newline"));
+        assert!(
+            AbsPath::parse("shared")
+                .unwrap_err()
+                .to_string()
+                .contains("relative")
+        );
+        assert!(
+            AbsPath::parse("/a/../b")
+                .unwrap_err()
+                .to_string()
+                .contains("..")
+        );
+        assert!(
+            AbsPath::parse("/a//b")
+                .unwrap_err()
+                .to_string()
+                .contains("`/a/b`")
+        );
+        assert!(
+            AbsPath::parse("/a/\nb")
+                .unwrap_err()
+                .to_string()
+                .contains("newline")
+        );
     }
 
     #[test]
@@ -309,7 +329,12 @@ mod tests {
         assert!(Name::parse("a b").is_err());
         assert!(EnvName::parse("SGLANG_ENABLE_SPEC_V2").is_ok());
         assert!(EnvName::parse("1X").is_err());
-        assert!(Text::parse("a\u{1b}[2J").unwrap_err().to_string().contains("U+001B"));
+        assert!(
+            Text::parse("a\u{1b}[2J")
+                .unwrap_err()
+                .to_string()
+                .contains("U+001B")
+        );
         assert!(Host::parse("10.1.2.6").is_ok());
         assert!(Host::parse("-oProxyCommand=x").is_err());
     }

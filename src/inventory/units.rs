@@ -309,7 +309,12 @@ mod tests {
         assert_eq!(Size::parse("512M").unwrap().gib_text(), "0.5");
         assert_eq!(Size::parse("0").unwrap().bytes(), 0);
         assert!(Size::parse("256").unwrap_err().to_string().contains("256G"));
-        assert!(Size::parse("3Q").unwrap_err().to_string().contains("unknown size unit"));
+        assert!(
+            Size::parse("3Q")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown size unit")
+        );
         assert_eq!(Size::parse("256G").unwrap().to_string(), "256G");
     }
 
