@@ -167,3 +167,74 @@ fn drift_missing(drift: &[String]) -> usize {
         .filter(|d| d.ends_with("is not in the container"))
         .count()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::probe::parse_sections;
+
+    fn gpus() -> NodeGpus {
+        let raw = include_str!("../../tests/fixtures/gpu/h200x2/facts-probe.raw");
+        NodeGpus {
+            facts: crate::gpu::facts::node_facts_from_sections(&parse_sections(raw), ""),
+            char_majors: [195, 238, 241].into(),
+            root: "/lab/gpu".into(),
+        }
+    }
+
+    fn spec(lines: &[&str]) -> PveLinesSpec {
+        PveLinesSpec {
+            vmid: 129,
+            label: "gpu-passthrough".into(),
+            lines: lines.iter().map(|l| l.to_string()).collect(),
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn exactly_the_selected_nodes_with_the_nodes_numbers() {
+        let g = gpus();
+        let want = expected(
+            &g,
+            &spec(&[
+                "lxc.cgroup2.devices.allow: c 195:* rwm",
+                "lxc.mount.entry: /lab/gpu/dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+                "dev0: /lab/gpu/dev/nvidiactl",
+            ]),
+        );
+        assert_eq!(
+            want,
+            vec![
+                Expected {
+                    path: "/dev/nvidia1".into(),
+                    major: 195,
+                    minor: 1
+                },
+                Expected {
+                    path: "/lab/gpu/dev/nvidiactl".into(),
+                    major: 195,
+                    minor: 255
+                },
+            ]
+        );
+        let ok = format!(
+            "/dev/nvidia1|c3|1|open\n/lab/gpu/dev/nvidiactl|c3|ff|open\n{SMI_MARK}\nabsent\n"
+        );
+        let v = compare(&ok, &g, &want);
+        assert!(v.drift.is_empty(), "{v:?}");
+        assert!(v.summary.contains("driver: not checked"), "{v:?}");
+        let driver = g.facts.driver.as_ref().unwrap().version.clone();
+        let bad = format!(
+            "/dev/nvidia0|c3|0|open\n/dev/nvidia1|c3|2|open\n/lab/gpu/dev/nvidiactl|c3|ff|denied\n{SMI_MARK}\n1.2.3\n"
+        );
+        let v = compare(&bad, &g, &want);
+        assert_eq!(v.drift.len(), 4, "{v:?}");
+        assert!(v.drift[0].contains("195:2 in the container, the node's is 195:1"));
+        assert!(v.drift[1].contains("denied by the container's devices cgroup"));
+        assert!(v.drift[2].contains("/dev/nvidia0 is in the container but not selected"));
+        assert!(v.drift[3].contains(&format!("is 1.2.3, the node's kernel module {driver}")));
+        let missing = compare(&format!("{SMI_MARK}\n{driver}\n"), &g, &want);
+        assert_eq!(missing.drift.len(), 2, "{missing:?}");
+        assert!(missing.summary.contains("sees 0 of 2"), "{missing:?}");
+    }
+}

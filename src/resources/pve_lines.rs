@@ -176,3 +176,70 @@ impl Resource for PveLinesSpec {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::resources::container::PveContainerFact;
+    use crate::resources::wire::Fact;
+
+    fn facts(config: &[(&str, &str)], pending_delete: &[&str]) -> Facts {
+        let fact = PveContainerFact {
+            config: config
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            pending_delete: pending_delete.iter().map(|k| k.to_string()).collect(),
+            running: true,
+            ..Default::default()
+        };
+        Facts::Read(HashMap::from([(
+            Probe::PveContainer { vmid: 1 },
+            Fact::PveContainer(Some(fact)),
+        )]))
+    }
+
+    #[test]
+    fn stale_owned_lines_are_drift_and_pending_deletes_count_as_done() {
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "gpu-passthrough".into(),
+            lines: vec!["lxc.cgroup2.devices.allow: c 238:* rwm".into()],
+            owner: Some(LineOwner {
+                root: String::new(),
+                nvidia_majors: vec![195, 238],
+                char_majors: vec![1, 195, 238],
+            }),
+        };
+        let allow = "lxc.cgroup2.devices.allow";
+        // 509: no driver has it any more; 1: the user's rule, kept.
+        let d = spec
+            .diff(&facts(&[(allow, "c 509:* rwm"), (allow, "c 1:* rwm")], &[]))
+            .unwrap()
+            .unwrap();
+        let names: Vec<(&str, Option<&str>)> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.after.as_deref()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![(allow, Some("c 238:* rwm")), (allow, None)],
+            "{d:?}"
+        );
+        assert_eq!(d.attributes[1].before.as_deref(), Some("c 509:* rwm"));
+        let converged = facts(
+            &[(allow, "c 238:* rwm"), ("dev0", "/dev/nvidia0")],
+            &["dev0"],
+        );
+        let mut with_dev = spec.clone();
+        with_dev.lines.push("dev1: /dev/nvidia1".into());
+        // dev0 is owned (an NVIDIA node) but queued for deletion: only dev1 is missing.
+        let d = with_dev.diff(&converged).unwrap().unwrap();
+        assert_eq!(d.attributes.len(), 1, "{d:?}");
+        assert_eq!(d.attributes[0].name, "dev1");
+        assert!(spec.diff(&converged).unwrap().is_none());
+    }
+}
