@@ -72,6 +72,8 @@ struct Ct {
     template: String,
     content: &'static str,
     disk_gib: u32,
+    /// Authenticate with the API token instead of a root@pam ticket.
+    token: bool,
 }
 
 impl Cli {
@@ -107,6 +109,7 @@ impl Cli {
             template: self.lab.vars["LAB_TEMPLATE"].clone(),
             content: "hello = 1\n",
             disk_gib: 2,
+            token: false,
         }
     }
 
@@ -162,7 +165,7 @@ nodes:
     api:
       url: {{ env: PVE_URL }}
       node: {node}
-      password: {{ env: PVE_ROOT_PASSWORD }}
+      {auth}
       tls: {{ fingerprint: {{ env: PVE_FINGERPRINT }} }}
     {node_ssh}
     config_root: {root}
@@ -194,6 +197,11 @@ nodes:
             ip = self.ip(ct),
             restart = ct.restart,
             disk = ct.disk_gib,
+            auth = if ct.token {
+                "token: { env: PVE_TOKEN }"
+            } else {
+                "password: { env: PVE_ROOT_PASSWORD }"
+            },
             public = public.trim(),
             key = key.display(),
         );
@@ -216,7 +224,12 @@ nodes:
             .env("NO_COLOR", "1")
             .env("PROVISION_NODE_ROOT", &lab.vars["LAB_GPU_ROOT"])
             .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
-        for k in ["PVE_URL", "PVE_FINGERPRINT", "PVE_ROOT_PASSWORD"] {
+        for k in [
+            "PVE_URL",
+            "PVE_FINGERPRINT",
+            "PVE_ROOT_PASSWORD",
+            "PVE_TOKEN",
+        ] {
             cmd.env(k, &lab.vars[k]);
         }
         cmd.output().unwrap()
@@ -437,7 +450,8 @@ fn gpu_lines_without_node_ssh_are_refused_before_anything_changes() {
     let lab = lab();
     let _guard = cleanup(&lab, 9263);
     let cli = Cli::new(lab);
-    let ct = cli.ct("pxc-nossh", 9263, 243);
+    let mut ct = cli.ct("pxc-nossh", 9263, 243);
+    ct.token = true;
     cli.write(&ct, false);
     for cmd in ["plan", "apply"] {
         let out = cli.expect(&[cmd, "--yes"][..if cmd == "plan" { 1 } else { 2 }], 1);
