@@ -15,6 +15,9 @@ use crate::resources::pve_lines::PveLinesSpec;
 use crate::resources::wire::{Facts, Probe};
 use crate::transport::Transport;
 
+/// How often a node edit is made anew when the config changed under it.
+const REPLAN_ATTEMPTS: u32 = 3;
+
 /// The environment variable naming the node's config lock directory, for a node whose
 /// locks are not where Proxmox keeps them (a lab beside the default one:
 /// `$LAB_LOCK_DIR`); unset on real nodes ([`config_edit::PVE_LOCK_DIR`]).
@@ -50,14 +53,24 @@ impl NodeSteps {
         let NodeOp::Lines { address, spec } = op;
         let file = ConfigFile::new(&self.config_root, &self.pve_node, &self.lock_dir, spec.vmid);
         let wanted = spec.pairs();
-        let before =
-            config_edit::read(self.node.as_ref(), &file).map_err(|e| node_err(address, e))?;
-        let edit =
-            config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &|k, v| spec.owns(k, v));
-        if !edit.is_empty() {
-            config_edit::apply(self.node.as_ref(), &file, &edit)
-                .map_err(|e| node_err(address, e))?;
-        }
+        // The edit is made from what is read just before it; a config changed between
+        // that read and the guarded write is read again and the edit made anew.
+        let mut attempt = 0;
+        let edit = loop {
+            attempt += 1;
+            let before =
+                config_edit::read(self.node.as_ref(), &file).map_err(|e| node_err(address, e))?;
+            let edit =
+                config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &|k, v| spec.owns(k, v));
+            if edit.is_empty() {
+                break edit;
+            }
+            match config_edit::apply(self.node.as_ref(), &file, &edit) {
+                Ok(_) => break edit,
+                Err(NodeError::Conflict { .. }) if attempt < REPLAN_ATTEMPTS => continue,
+                Err(e) => return Err(node_err(address, e)),
+            }
+        };
         let mut done = Vec::new();
         let pct: Vec<String> = edit
             .set
