@@ -86,7 +86,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         confirm()?;
     }
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
+    let conns = Connections::new(&loaded, &args.targets, binary, printer);
     let green = printer.style_err(Style::new().green());
     let red = printer.style_err(Style::new().red().bold());
     let outcomes = online::apply(
@@ -96,8 +96,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             allow_replace: args.allow_replace,
             saved,
         },
-        &mut |target| conns.writer(target),
-        &mut |target, step| {
+        &args.targets.limits(),
+        &|target| conns.writer(target),
+        &|target, step| {
             let mark = if step.error.is_none() {
                 green.apply_to("done")
             } else {

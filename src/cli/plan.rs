@@ -38,18 +38,24 @@ pub struct PlanArgs {
 /// Runs `provision plan`.
 pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let plan = if args.offline {
+    let read = if args.offline {
         let desired = select(prepared.desired, &args.targets)?;
-        offline_plan(&args.inventory.display().to_string(), &desired)
+        online::PartialPlan {
+            plan: offline_plan(&args.inventory.display().to_string(), &desired),
+            failures: Vec::new(),
+        }
     } else {
-        read_plan(
+        read_targets(
             &args.inventory.display().to_string(),
             prepared,
             &args.targets,
             printer,
         )?
     };
-    print_plan(&plan, args.json, printer)?;
+    // The targets that were read are shown even when others could not be; a plan that
+    // misses some is an error and is not saved.
+    print_plan(&read.plan, args.json, printer)?;
+    let plan = read.whole()?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
         printer.status(&format!(
@@ -64,25 +70,36 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// Reads the selected targets and plans against them. Only reads: no write path exists
-/// from here.
+/// Reads the selected targets and plans against them; an error when any target could not
+/// be read. Only reads: no write path exists from here.
 pub fn read_plan(
     inventory: &str,
     prepared: Prepared,
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Plan> {
+    read_targets(inventory, prepared, targets, printer)?.whole()
+}
+
+/// Reads the selected targets, concurrently as `--parallelism` allows, and plans against
+/// those that could be read; the others are returned with their errors.
+pub fn read_targets(
+    inventory: &str,
+    prepared: Prepared,
+    targets: &TargetArgs,
+    printer: &Printer,
+) -> anyhow::Result<online::PartialPlan> {
     let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
-    let plan = online::plan(inventory, &desired, &mut |d| {
+    let read = online::plan(inventory, &desired, &targets.limits(), &|d| {
         printer.status(&format!("reading {}", d.target.heading()));
         conns.reader(d)
-    })?;
+    });
     conns.report_calls();
-    Ok(plan)
+    Ok(read)
 }
 
 /// Writes `plan` to `path` atomically (a temp file beside it, then a rename).

@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use clap::builder::TypedValueParser;
 
 use crate::access::{ApiTarget, TargetReader, TargetWriter};
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
+use crate::engine::schedule::{self, Limits};
 use crate::inventory::Loaded;
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
@@ -41,6 +43,31 @@ pub struct TargetArgs {
     /// (warned about on every run).
     #[arg(long)]
     pub insecure: bool,
+    /// How many targets are read or changed at once (containers on different nodes,
+    /// guests of different containers); 1 works through them one by one.
+    #[arg(long, value_name = "N", default_value_t = schedule::DEFAULT_PARALLELISM,
+          value_parser = clap::value_parser!(u16).range(1..=256).map(usize::from))]
+    pub parallelism: usize,
+    /// How many containers of one Proxmox node are read or changed at once (the node
+    /// serializes config locks and storage tasks anyway).
+    #[arg(long, value_name = "N", default_value_t = schedule::DEFAULT_PER_NODE,
+          value_parser = clap::value_parser!(u16).range(1..=64).map(usize::from))]
+    pub per_node: usize,
+    /// Stop starting targets after the first one fails (those running finish); without
+    /// it every target is tried and the summary covers all.
+    #[arg(long)]
+    pub fail_fast: bool,
+}
+
+impl TargetArgs {
+    /// The concurrency these flags ask for.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            parallelism: self.parallelism,
+            per_node: self.per_node,
+            fail_fast: self.fail_fast,
+        }
+    }
 }
 
 /// The desired targets `--target` selects (all without it); an unknown name is an error.
@@ -75,13 +102,14 @@ pub fn select(
 }
 
 /// Connections made during one command: one API connection per node, shared by its
-/// containers (so `/version` is read once per node).
+/// containers (so `/version` is read once per node). Shared by the threads that work on
+/// several targets at once.
 pub struct Connections<'a> {
     loaded: &'a Loaded,
     args: &'a TargetArgs,
     binary: Arc<AgentBinary>,
     printer: &'a Printer,
-    nodes: HashMap<String, Arc<NodeApi>>,
+    nodes: Mutex<HashMap<String, Arc<NodeApi>>>,
 }
 
 impl<'a> Connections<'a> {
@@ -97,13 +125,13 @@ impl<'a> Connections<'a> {
             args,
             binary,
             printer,
-            nodes: HashMap::new(),
+            nodes: Mutex::new(HashMap::new()),
         }
     }
 
     /// Read access for `plan` and `check`: the agent for a guest, the node's API for a
     /// container's config.
-    pub fn reader(&mut self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
+    pub fn reader(&self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
         match &d.target {
             Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
                 self.node(node)?,
@@ -114,7 +142,7 @@ impl<'a> Connections<'a> {
     }
 
     /// Write access for `apply` only.
-    pub fn writer(&mut self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
+    pub fn writer(&self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
             Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
                 self.node(node)?,
@@ -125,8 +153,10 @@ impl<'a> Connections<'a> {
     }
 
     /// The API connection to the node named `node` in the inventory.
-    pub fn node(&mut self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
-        if let Some(api) = self.nodes.get(node) {
+    pub fn node(&self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
+        // Held while connecting, so two targets of one node share one login.
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(api) = nodes.get(node) {
             return Ok(api.clone());
         }
         let inv = self
@@ -140,7 +170,7 @@ impl<'a> Connections<'a> {
         let settings =
             ApiSettings::from_inventory(node, &inv.api, &self.loaded.base_dir, self.args.insecure)?;
         let api = Arc::new(NodeApi::connect(&settings)?);
-        self.nodes.insert(node.to_string(), api.clone());
+        nodes.insert(node.to_string(), api.clone());
         Ok(api)
     }
 
@@ -155,7 +185,8 @@ impl<'a> Connections<'a> {
 
     /// Says how many API calls each node took (`-v`).
     pub fn report_calls(&self) {
-        for (node, api) in &self.nodes {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, api) in nodes.iter() {
             self.printer
                 .verbose(&format!("node {node}: {} API call(s)", api.calls()));
         }
