@@ -114,12 +114,25 @@ pub enum AccessError {
 pub struct ApiTarget {
     api: Arc<NodeApi>,
     specs: Vec<ContainerSpec>,
+    cluster: bool,
 }
 
 impl ApiTarget {
     /// Access to containers of the node behind `api`, declared as `specs`.
     pub fn new(api: Arc<NodeApi>, specs: Vec<ContainerSpec>) -> Self {
-        ApiTarget { api, specs }
+        ApiTarget {
+            api,
+            specs,
+            cluster: false,
+        }
+    }
+
+    /// The node is a member of a cluster: a container is looked for on every node (one
+    /// `/cluster/resources` call), and one found on another node than declared is read
+    /// there and marked misplaced.
+    pub fn in_cluster(mut self, cluster: bool) -> Self {
+        self.cluster = cluster;
+        self
     }
 }
 
@@ -140,6 +153,13 @@ impl TargetReader for ApiTarget {
             .version()
             .map_err(|e| boxed(ContainerError::from(e)))?;
         let listing = container::list(&self.api).map_err(|e| boxed(ContainerError::from(e)))?;
+        let placed = match self.cluster {
+            true => Some(
+                crate::proxmox::cluster::containers(&self.api)
+                    .map_err(|e| boxed(ContainerError::from(e)))?,
+            ),
+            false => None,
+        };
         let mut out = HashMap::new();
         for p in probes {
             let Probe::PveContainer { vmid } = p else {
@@ -148,6 +168,15 @@ impl TargetReader for ApiTarget {
                     what: format!("{p:?}"),
                 });
             };
+            if let Some(at) = placed.as_ref().and_then(|p| p.get(vmid))
+                && at.node != self.api.node
+            {
+                let mut fact = container::read_on(&self.api, &at.node, *vmid, at.running)
+                    .map_err(|e| boxed(ContainerError::from(e)))?;
+                fact.misplaced = Some((at.node.clone(), self.api.node.clone()));
+                out.insert(p.clone(), Fact::PveContainer(Some(fact)));
+                continue;
+            }
             let fact = match self.specs.iter().find(|c| c.vmid == *vmid) {
                 Some(spec) => container::read_for(&self.api, spec, &listing).map_err(boxed)?,
                 None => match listing.get(vmid) {

@@ -89,6 +89,13 @@ pub fn read_targets(
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<online::PartialPlan> {
+    if targets.migrate {
+        return Err(crate::diagnostic::Diagnostic::new(
+            "--migrate: moving a container between the nodes of a cluster is not built yet; nothing was read or changed",
+        )
+        .hint(crate::resources::container::MIGRATE_NOT_BUILT)
+        .into());
+    }
     let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);

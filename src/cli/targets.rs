@@ -57,6 +57,10 @@ pub struct TargetArgs {
     /// it every target is tried and the summary covers all.
     #[arg(long)]
     pub fail_fast: bool,
+    /// Plan moving a container found on another node of its cluster than declared back to
+    /// its declared node. Not built yet: refused with a message saying so.
+    #[arg(long)]
+    pub migrate: bool,
 }
 
 impl TargetArgs {
@@ -133,10 +137,13 @@ impl<'a> Connections<'a> {
     /// container's config.
     pub fn reader(&self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
         match &d.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(d.resources.iter().map(|r| &r.spec)),
-            ))),
+            Target::Container { node, .. } => Ok(Box::new(
+                ApiTarget::new(
+                    self.node(node)?,
+                    container_specs(d.resources.iter().map(|r| &r.spec)),
+                )
+                .in_cluster(self.in_cluster(node)),
+            )),
             target => connect_reader(self.loaded, target, self.args, &self.binary),
         }
     }
@@ -144,12 +151,24 @@ impl<'a> Connections<'a> {
     /// Write access for `apply` only.
     pub fn writer(&self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(t.changes.iter().map(|c| &c.spec)),
-            ))),
+            Target::Container { node, .. } => Ok(Box::new(
+                ApiTarget::new(
+                    self.node(node)?,
+                    container_specs(t.changes.iter().map(|c| &c.spec)),
+                )
+                .in_cluster(self.in_cluster(node)),
+            )),
             target => connect_writer(self.loaded, target, self.args, &self.binary),
         }
+    }
+
+    /// Whether the inventory puts node `node` in a cluster.
+    fn in_cluster(&self, node: &str) -> bool {
+        self.loaded
+            .inventory
+            .nodes
+            .iter()
+            .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
     }
 
     /// The API connection to the node named `node` in the inventory.
