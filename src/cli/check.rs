@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::plan::{print_plan, read_targets};
+use super::plan::{print_read, read_targets};
 use super::targets::TargetArgs;
 use super::{ExitStatus, prepare};
 use crate::printer::Printer;
@@ -33,7 +33,7 @@ pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     )?;
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).
-    print_plan(&read.plan, args.json, printer)?;
+    print_read(&read, args.json, printer)?;
     let plan = read.whole()?;
     Ok(if plan.summary.has_changes() {
         ExitStatus::Changes

@@ -54,7 +54,7 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     };
     // The targets that were read are shown even when others could not be; a plan that
     // misses some is an error and is not saved.
-    print_plan(&read.plan, args.json, printer)?;
+    print_read(&read, args.json, printer)?;
     let plan = read.whole()?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
@@ -120,6 +120,20 @@ fn save_plan(plan: &Plan, path: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written.with_context(|| format!("cannot save the plan as {}", path.display()))
+}
+
+/// Prints the plan of the targets read; when some could not be, "no changes" is not
+/// claimed for them (the error that follows names them).
+pub fn print_read(read: &online::PartialPlan, json: bool, printer: &Printer) -> anyhow::Result<()> {
+    if read.failures.is_empty() || json || read.plan.summary.has_changes() {
+        return print_plan(&read.plan, json, printer);
+    }
+    printer.result(&format!(
+        "No changes in the {} target(s) read; {} could not be read (below).\n",
+        read.plan.targets.len(),
+        read.failures.len()
+    ));
+    Ok(())
 }
 
 /// Prints a plan for people, or as JSON.
