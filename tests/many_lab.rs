@@ -142,7 +142,9 @@ fn expect(lab: &LabEnv, dir: &Path, args: &[&str], code: i32) -> (String, String
 fn assert_grouped(stderr: &str, names: &[&str]) {
     let steps: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.starts_with("guest ") && (l.contains(" ... done") || l.contains(" ... FAILED")))
+        .filter(|l| {
+            l.starts_with("guest ") && (l.contains(" ... done") || l.contains(" ... FAILED"))
+        })
         .collect();
     for name in names {
         let at: Vec<usize> = steps
@@ -181,9 +183,15 @@ fn many_guests_are_checked_and_applied_together_with_one_exit_code() {
         &[("a", a, "small"), ("b", b, "small"), ("c", c, "small")],
         false,
     );
-    let guests = ["--target", "guest.a", "--target", "guest.b", "--target", "guest.c"];
+    let guests = [
+        "--target", "guest.a", "--target", "guest.b", "--target", "guest.c",
+    ];
     let with = |extra: &[&'static str]| -> Vec<&str> {
-        extra.iter().copied().chain(guests.iter().copied()).collect()
+        extra
+            .iter()
+            .copied()
+            .chain(guests.iter().copied())
+            .collect()
     };
 
     // From scratch: all three at once, each target's lines together.
@@ -198,7 +206,10 @@ fn many_guests_are_checked_and_applied_together_with_one_exit_code() {
     drift_by_hand(b);
     let (out, _) = expect(&lab, dir.path(), &with(&["check"]), 2);
     assert!(out.contains("guest b"), "{out}");
-    assert!(!out.contains("guest a (") && !out.contains("guest c ("), "{out}");
+    assert!(
+        !out.contains("guest a (") && !out.contains("guest c ("),
+        "{out}"
+    );
 
     // One target unreadable (its sshd stopped): error (1) over drift, and the drift of the
     // others is still shown.
@@ -254,7 +265,9 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
         .get("LAB_CLUSTER_NODES")
         .and_then(|n| n.split(',').find(|n| !n.is_empty()))
         .map(str::to_string)
-        .expect("the lab runs in cluster mode: `LAB_CLUSTER_NODES=lab2 scripts/lab up` (docs/lab.md)");
+        .expect(
+            "the lab runs in cluster mode: `LAB_CLUSTER_NODES=lab2 scripts/lab up` (docs/lab.md)",
+        );
     let dir = tempfile::tempdir().unwrap();
     let ct = lab
         .create_container(ContainerSpec {
@@ -266,7 +279,9 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
         .expect("a container on the other node");
     // The cluster lists it on the other node, whichever member's API is asked.
     let api = lab.api().unwrap();
-    let all = api.call("GET", "/cluster/resources", &[("type", "vm")]).unwrap();
+    let all = api
+        .call("GET", "/cluster/resources", &[("type", "vm")])
+        .unwrap();
     let listed = all
         .as_array()
         .unwrap()

@@ -131,7 +131,7 @@ impl<R> Board<R> {
 
     /// Takes the first job that may start now, marking the jobs that never will.
     fn take(&mut self, jobs: &[Job], limits: &Limits, follow: Follow) -> Option<usize> {
-        for i in 0..self.slots.len() {
+        for (i, job) in jobs.iter().enumerate() {
             if !matches!(self.slots[i], Slot::Waiting) {
                 continue;
             }
@@ -139,7 +139,7 @@ impl<R> Board<R> {
                 self.slots[i] = Slot::Skip(Skipped::FailFast);
                 continue;
             }
-            if let Some(a) = jobs[i].after.filter(|a| *a < i) {
+            if let Some(a) = job.after.filter(|a| *a < i) {
                 match &self.slots[a] {
                     Slot::Waiting | Slot::Running => continue,
                     Slot::Done { failed: true, .. } | Slot::Skip(_)
@@ -151,7 +151,7 @@ impl<R> Board<R> {
                     _ => {}
                 }
             }
-            if let Some(node) = &jobs[i].node {
+            if let Some(node) = &job.node {
                 let busy = self.per_node.entry(node.clone()).or_default();
                 if *busy >= limits.per_node.max(1) {
                     continue;
