@@ -100,7 +100,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -112,7 +112,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -141,7 +141,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -151,7 +151,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -188,7 +188,7 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -277,7 +277,7 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         let bin = bin.clone();
         let t = t.clone();
         let dir = agent_dir.clone();
-        plan("inv.yaml", &want, &Limits::default(), &move |_| {
+        plan("inv.yaml", &want, false, &Limits::default(), &move |_| {
             Ok(Box::new(
                 AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
             ))

@@ -101,10 +101,16 @@ pub fn read_targets(
     let binary = Arc::new(AgentBinary::current()?);
     let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
-    let read = online::plan(inventory, &desired, &targets.limits(), &|d| {
-        printer.status(&format!("reading {}", d.target.heading()));
-        conns.reader(d)
-    });
+    let read = online::plan(
+        inventory,
+        &desired,
+        targets.verify_full,
+        &targets.limits(),
+        &|d| {
+            printer.status(&format!("reading {}", d.target.heading()));
+            conns.reader(d)
+        },
+    );
     conns.report_calls();
     Ok(read)
 }

@@ -9,10 +9,10 @@ use std::time::Instant;
 use super::schedule::{self, Follow, Limits, Outcome, Skipped};
 use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
+use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
 /// Opens read access to one target (called from several threads at once).
@@ -42,9 +42,12 @@ impl PartialPlan {
 /// Plans `desired` against what `read` finds on each target, reading independent targets
 /// concurrently as `limits` allow (a container's guest after its container). A target that
 /// cannot be read does not keep the others from being planned unless `limits.fail_fast`.
+/// `verify_full`: the readers re-hash model files, recorded in the plan so a saved plan is
+/// re-read the same way.
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
+    verify_full: bool,
     limits: &Limits,
     read: &Read,
 ) -> PartialPlan {
@@ -62,6 +65,7 @@ pub fn plan(
             target.read = Some(ReadStamp {
                 digest: facts.digest(&probes)?,
                 probes,
+                verify_full,
             });
             Ok(target)
         },

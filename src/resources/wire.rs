@@ -278,7 +278,7 @@ impl Facts {
 
 /// Answers one probe. Errors reading what exists are reported in the fact's absence only
 /// when the thing is truly absent; anything else is an `Err`.
-pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
+pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
     Ok(match probe {
         Probe::Path { path } => Fact::Path(file::path_fact(Path::new(path))?),
         Probe::Packages { names } => Fact::Packages(apt::packages(names)?),
@@ -294,12 +294,22 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
             served_model_name,
         ))),
         Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
-        Probe::PveContainer { .. } => {
-            return Err(
-                "a container's Proxmox config is read through the node's API, not the agent".into(),
-            );
-        }
+        Probe::PveContainer { .. } => return Err(AnswerError::NotAnAgentProbe),
     })
+}
+
+/// Why the agent could not answer a probe.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Reading the machine failed.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
+    /// Reading a model folder failed.
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    /// A probe only a node's API answers.
+    #[error("a container's Proxmox config is read through the node's API, not the agent")]
+    NotAnAgentProbe,
 }
 
 /// Why a step failed on the target, and what to do about it.
@@ -321,14 +331,20 @@ impl From<String> for StepError {
     }
 }
 
-impl From<crate::agent::deploy::DeployError> for StepError {
-    fn from(e: crate::agent::deploy::DeployError) -> Self {
+impl From<crate::host::HostError> for StepError {
+    fn from(e: crate::host::HostError) -> Self {
         e.to_string().into()
     }
 }
 
-impl From<crate::agent::preflight::PreflightError> for StepError {
-    fn from(e: crate::agent::preflight::PreflightError) -> Self {
+impl From<crate::resources::service::deploy::DeployError> for StepError {
+    fn from(e: crate::resources::service::deploy::DeployError) -> Self {
+        e.to_string().into()
+    }
+}
+
+impl From<crate::resources::service::preflight::PreflightError> for StepError {
+    fn from(e: crate::resources::service::preflight::PreflightError) -> Self {
         e.to_string().into()
     }
 }
@@ -393,7 +409,7 @@ pub enum Step {
     Preflight(Box<super::service::ServiceSpec>),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
-    DeployService(Box<crate::agent::deploy::Deploy>),
+    DeployService(Box<crate::resources::service::deploy::Deploy>),
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -445,10 +461,14 @@ impl Step {
     pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return Ok(serde_json::to_value(crate::agent::deploy::deploy(d)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::deploy::deploy(d)?).ok(),
+                );
             }
             Step::Preflight(s) => {
-                return Ok(serde_json::to_value(crate::agent::preflight::preflight(s)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::preflight::preflight(s)?).ok(),
+                );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {
