@@ -290,6 +290,24 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
         .unwrap_or_else(|| panic!("CT {} not in {all}", ct.vmid))
         .clone();
     assert_eq!(listed["node"], other.as_str());
+    // vmids are unique cluster-wide: the declared node refuses it, naming the other.
+    let template = lab.vars["LAB_TEMPLATE"].clone();
+    let vmid = ct.vmid.to_string();
+    let refused = lab
+        .root_api()
+        .unwrap()
+        .call(
+            "POST",
+            &format!("/nodes/{}/lxc", lab.node()),
+            &[("vmid", vmid.as_str()), ("ostemplate", template.as_str())],
+        )
+        .expect_err("a second CT with the vmid");
+    assert!(
+        refused
+            .message
+            .contains(&format!("already exists on node '{other}'")),
+        "{refused:?}"
+    );
 
     inventory(&lab, dir.path(), &[("moved", &ct, "small")], true);
     let (out, _) = expect(
