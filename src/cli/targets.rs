@@ -105,6 +105,9 @@ pub fn select(
         .collect())
 }
 
+/// One node's API connection, once made.
+type NodeSlot = Arc<Mutex<Option<Arc<NodeApi>>>>;
+
 /// Connections made during one command: one API connection per node, shared by its
 /// containers (so `/version` is read once per node). Shared by the threads that work on
 /// several targets at once.
@@ -113,7 +116,7 @@ pub struct Connections<'a> {
     args: &'a TargetArgs,
     binary: Arc<AgentBinary>,
     printer: &'a Printer,
-    nodes: Mutex<HashMap<String, Arc<NodeApi>>>,
+    nodes: Mutex<HashMap<String, NodeSlot>>,
 }
 
 impl<'a> Connections<'a> {
@@ -173,9 +176,14 @@ impl<'a> Connections<'a> {
 
     /// The API connection to the node named `node` in the inventory.
     pub fn node(&self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
-        // Held while connecting, so two targets of one node share one login.
-        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(api) = nodes.get(node) {
+        let slot = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+            nodes.entry(node.to_string()).or_default().clone()
+        };
+        // The node's own slot is held while connecting, so two targets of one node share
+        // one login while other nodes connect at the same time.
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(api) = slot.as_ref() {
             return Ok(api.clone());
         }
         let inv = self
@@ -189,7 +197,7 @@ impl<'a> Connections<'a> {
         let settings =
             ApiSettings::from_inventory(node, &inv.api, &self.loaded.base_dir, self.args.insecure)?;
         let api = Arc::new(NodeApi::connect(&settings)?);
-        nodes.insert(node.to_string(), api.clone());
+        *slot = Some(api.clone());
         Ok(api)
     }
 
@@ -205,9 +213,11 @@ impl<'a> Connections<'a> {
     /// Says how many API calls each node took (`-v`).
     pub fn report_calls(&self) {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        for (node, api) in nodes.iter() {
-            self.printer
-                .verbose(&format!("node {node}: {} API call(s)", api.calls()));
+        for (node, slot) in nodes.iter() {
+            if let Some(api) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                self.printer
+                    .verbose(&format!("node {node}: {} API call(s)", api.calls()));
+            }
         }
     }
 }
