@@ -155,6 +155,7 @@ pub struct ApiTarget {
     api: Arc<NodeApi>,
     specs: Vec<ContainerSpec>,
     seen: Option<SeenContainers>,
+    cluster: bool,
 }
 
 /// The node's containers as the last read listed them: vmid → running. Shared so that
@@ -168,12 +169,21 @@ impl ApiTarget {
             api,
             specs,
             seen: None,
+            cluster: false,
         }
     }
 
     /// Records every listing it reads in `seen`.
     pub fn recording(mut self, seen: SeenContainers) -> Self {
         self.seen = Some(seen);
+        self
+    }
+
+    /// The node is a member of a cluster: a container is looked for on every node (one
+    /// `/cluster/resources` call), and one found on another node than declared is read
+    /// there and marked misplaced.
+    pub fn in_cluster(mut self, cluster: bool) -> Self {
+        self.cluster = cluster;
         self
     }
 }
@@ -200,6 +210,13 @@ impl TargetReader for ApiTarget {
         {
             *seen = listing.iter().map(|(id, (_, r))| (*id, *r)).collect();
         }
+        let placed = match self.cluster {
+            true => Some(
+                crate::proxmox::cluster::containers(&self.api)
+                    .map_err(|e| boxed(ContainerError::from(e)))?,
+            ),
+            false => None,
+        };
         let mut out = HashMap::new();
         for p in probes {
             let Probe::PveContainer { vmid } = p else {
@@ -208,6 +225,15 @@ impl TargetReader for ApiTarget {
                     what: format!("{p:?}"),
                 });
             };
+            if let Some(at) = placed.as_ref().and_then(|p| p.get(vmid))
+                && at.node != self.api.node
+            {
+                let mut fact = container::read_on(&self.api, &at.node, *vmid, at.running)
+                    .map_err(|e| boxed(ContainerError::from(e)))?;
+                fact.misplaced = Some((at.node.clone(), self.api.node.clone()));
+                out.insert(p.clone(), Fact::PveContainer(Some(fact)));
+                continue;
+            }
             let fact = match self.specs.iter().find(|c| c.vmid == *vmid) {
                 Some(spec) => container::read_for(&self.api, spec, &listing).map_err(boxed)?,
                 None => match listing.get(vmid) {

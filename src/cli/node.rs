@@ -192,7 +192,7 @@ pub fn gpu_checks(
 pub fn refuse_root_only(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &mut Connections<'_>,
+    conns: &Connections<'_>,
 ) -> anyhow::Result<()> {
     let mut blocked = Vec::new();
     for t in &plan.targets {

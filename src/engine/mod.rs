@@ -3,6 +3,7 @@
 
 pub mod desired;
 pub mod online;
+pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;

@@ -69,6 +69,29 @@ pub fn validate(loaded: &Loaded, known_roles: &[String]) -> Result<(), Diagnosti
             v.container(ct_name, ct, known_roles);
         }
     }
+    // vmids are unique in a Proxmox cluster: the nodes naming one cluster share them.
+    let mut in_cluster: HashMap<(&str, u64), (&Name, &Name)> = HashMap::new();
+    for (node_name, node) in &loaded.inventory.nodes {
+        let Some(cluster) = &node.cluster else {
+            continue;
+        };
+        for (ct_name, ct) in &node.containers {
+            let key = (cluster.value.as_str(), ct.vmid.value);
+            if let Some((other_node, other_ct)) = in_cluster.insert(key, (node_name, ct_name))
+                && other_node != node_name
+            {
+                v.err(
+                    ct.vmid.pos,
+                    format!(
+                        "vmid {} is also container `{other_ct}`'s on node `{other_node}`, in the same cluster `{}`",
+                        ct.vmid.value,
+                        cluster.value.as_str()
+                    ),
+                    format!("vmids are unique in a Proxmox cluster; give `{ct_name}` another vmid"),
+                );
+            }
+        }
+    }
     if v.errors.is_empty() {
         Ok(())
     } else {

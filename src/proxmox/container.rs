@@ -119,7 +119,18 @@ fn text(v: &Value) -> String {
 /// Reads one container that `list` says exists: its config (digest, raw `lxc.*` lines) and
 /// its pending values.
 pub fn read(api: &NodeApi, vmid: u64, running: bool) -> Result<PveContainerFact, ProxmoxError> {
-    let base = api.node_path(&format!("/lxc/{vmid}"));
+    read_on(api, &api.node, vmid, running)
+}
+
+/// [`read`] of a container on node `node` of `api`'s cluster (any member's API reaches
+/// every node).
+pub fn read_on(
+    api: &NodeApi,
+    node: &str,
+    vmid: u64,
+    running: bool,
+) -> Result<PveContainerFact, ProxmoxError> {
+    let base = format!("/nodes/{node}/lxc/{vmid}");
     let conf = api.call("GET", &format!("{base}/config"), &[("current", "1")])?;
     let pending = api.call("GET", &format!("{base}/pending"), &[])?;
     let mut fact = PveContainerFact {

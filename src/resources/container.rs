@@ -329,7 +329,7 @@ impl Resource for ContainerSpec {
             None => Some(self.create_delta()),
             Some(found) => {
                 let adopted = marker_template(found).is_none();
-                self.update_delta(found).map(|d| {
+                let delta = self.update_delta(found).map(|d| {
                     if adopted {
                         d.reason(format!(
                             "CT {} was not created by provision: adopted, changed in place, never recreated for its template",
@@ -338,7 +338,23 @@ impl Resource for ContainerSpec {
                     } else {
                         d
                     }
-                })
+                });
+                match &found.misplaced {
+                    None => delta,
+                    Some((on, declared)) => Some(
+                        delta
+                            .unwrap_or_else(|| Delta::new(Action::Update))
+                            .attr(Attribute::change(
+                                "node",
+                                Some(on.clone()),
+                                Some(declared.clone()),
+                            ))
+                            .reason(format!(
+                                "CT {} runs on node `{on}` but is declared on node `{declared}`; moving it is planned only with `--migrate`",
+                                self.vmid
+                            )),
+                    ),
+                }
             }
         })
     }
@@ -370,6 +386,9 @@ fn key_summary(key: &str) -> String {
         .to_string()
 }
 
+/// Why a container found on another node of its cluster is not moved.
+pub const MIGRATE_NOT_BUILT: &str = "moving a container between nodes (migration) is not built yet; move it with `pct migrate` or declare it on the node it runs on";
+
 /// A container as its node reports it: current and pending configuration, power state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PveContainerFact {
@@ -384,6 +403,10 @@ pub struct PveContainerFact {
     pub digest: String,
     /// Whether it runs.
     pub running: bool,
+    /// In a cluster: the node it was found on and the node it is declared on, when they
+    /// differ (read through the cluster's resource list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misplaced: Option<(String, String)>,
 }
 
 impl PveContainerFact {
@@ -412,6 +435,7 @@ impl PveContainerFact {
             pending_delete: conf.pending_delete(),
             digest: conf.digest.clone(),
             running,
+            misplaced: None,
         }
     }
 }
