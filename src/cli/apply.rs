@@ -92,7 +92,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         .targets
         .iter()
         .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
-    let mut conns = Connections::new(&loaded, &target_args, binary, printer);
+    let conns = Connections::new(&loaded, &target_args, binary, printer);
     // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
     let display = super::progress::Display::new(printer, args.json);
     let applied = online::apply(
@@ -102,8 +102,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             allow_replace: args.allow_replace,
             saved,
         },
-        &mut |target| conns.writer(target, Some(display.observer(target.target.heading()))),
-        &mut |target, step| {
+        &args.targets.limits(),
+        &|target| conns.writer(target, Some(display.observer(target.target.heading()))),
+        &|target, step| {
             let heading = target.heading();
             // Agent steps were shown as they ended; the API's are shown here.
             if !args.json && !display.shown(&heading, &step.description) {
