@@ -219,7 +219,10 @@ fn a_failing_step_stops_the_run_and_says_why() {
 }
 
 #[test]
-fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
+fn an_offline_plan_is_refused_before_any_connection() {
+    // Every kind llm-two declares can be applied now (the container through the API, its
+    // root-only lines over node SSH, the guest through the agent); a plan made against an
+    // empty world still cannot be: it is refused whole, before anything is reached.
     let prepared = provision::cli::prepare(Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/inventory/llm-two.yaml"
@@ -240,7 +243,7 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
     assert!(
-        text.contains("cannot be applied yet; nothing was changed"),
+        text.contains("made with --offline against an empty world; nothing was changed"),
         "{text}"
     );
     assert!(!connected.load(std::sync::atomic::Ordering::SeqCst));
