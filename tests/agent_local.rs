@@ -10,6 +10,7 @@ use std::time::Duration;
 use provision::access::{TargetReader, TargetWriter};
 use provision::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use provision::engine::online::{apply, plan};
+use provision::engine::schedule::Limits;
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};
 use provision::resources::ResourceSpec;
@@ -23,6 +24,8 @@ use provision::transport::{ExecOutput, Transport, TransportError};
 struct Counting {
     inner: LocalTransport,
     calls: AtomicUsize,
+    /// Requests that start a detached apply.
+    starts: AtomicUsize,
 }
 
 impl Transport for Counting {
@@ -33,6 +36,9 @@ impl Transport for Counting {
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if String::from_utf8_lossy(stdin).contains("\"op\":\"start\"") {
+            self.starts.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.exec(command, stdin, timeout)
     }
     fn describe(&self) -> String {
@@ -99,7 +105,11 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .whole()
+    .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(p.summary.create, 3, "{p:#?}");
     let pushed: Vec<_> = std::fs::read_dir(agent_dir.join("bin")).unwrap().collect();
@@ -107,19 +117,26 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .whole()
+    .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
-    // Apply: one round trip for the steps, one to verify.
+    // Apply: one round trip starts the steps (detached on the target), one or more follow
+    // their events until the last, one verifies.
     t.calls.store(0, Ordering::SeqCst);
     let outcomes = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap();
-    assert_eq!(t.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(t.starts.load(Ordering::SeqCst), 1);
+    assert!(t.calls.load(Ordering::SeqCst) >= 3);
     assert_eq!(outcomes[0].steps.len(), 3);
     let conf = root.join("etc/app/app.conf");
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
@@ -131,13 +148,21 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .whole()
+    .unwrap();
     assert!(!p.summary.has_changes(), "{p:#?}");
     assert_eq!(p.summary.unchanged, 3);
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .whole()
+    .unwrap();
     let c = &p.targets[0].changes;
     assert_eq!(c.len(), 1);
     assert_eq!(c[0].action, Action::Update);
@@ -152,8 +177,9 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap();
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
@@ -169,12 +195,17 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .whole()
+    .unwrap();
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
@@ -188,30 +219,34 @@ fn a_failing_step_stops_the_run_and_says_why() {
 }
 
 #[test]
-fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
+fn an_offline_plan_is_refused_before_any_connection() {
+    // Every kind llm-two declares can be applied now (the container through the API, its
+    // root-only lines over node SSH, the guest through the agent); a plan made against an
+    // empty world still cannot be: it is refused whole, before anything is reached.
     let prepared = provision::cli::prepare(Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/inventory/llm-two.yaml"
     )))
     .unwrap();
     let p = provision::engine::offline_plan("llm-two", &prepared.desired);
-    let mut connected = false;
+    let connected = std::sync::atomic::AtomicBool::new(false);
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| {
-            connected = true;
+        &Limits::default(),
+        &|_| {
+            connected.store(true, std::sync::atomic::Ordering::SeqCst);
             anyhow::bail!("must not connect")
         },
-        &mut |_, _| {},
+        &|_, _| {},
     )
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
     assert!(
-        text.contains("cannot be applied yet; nothing was changed"),
+        text.contains("made with --offline against an empty world; nothing was changed"),
         "{text}"
     );
-    assert!(!connected);
+    assert!(!connected.load(std::sync::atomic::Ordering::SeqCst));
 }
 
 /// A second provision version: the same program with other bytes, so another sha256.
@@ -252,11 +287,12 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         let bin = bin.clone();
         let t = t.clone();
         let dir = agent_dir.clone();
-        plan("inv.yaml", &want, &mut move |_| {
+        plan("inv.yaml", &want, false, &Limits::default(), &move |_| {
             Ok(Box::new(
                 AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
             ))
         })
+        .whole()
         .unwrap()
     };
     read_with(&a);
@@ -282,12 +318,13 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         apply(
             p,
             Default::default(),
-            &mut |_| {
+            &Limits::default(),
+            &|_| {
                 Ok(Box::new(
                     AgentWriter::new(t.clone(), b.clone()).with_dir(agent_dir.to_str().unwrap()),
                 ))
             },
-            &mut |_, _| {},
+            &|_, _| {},
         )
         .unwrap()
     };

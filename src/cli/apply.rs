@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use console::Style;
 
 use super::plan::{print_plan, read_plan};
 use super::targets::{Connections, TargetArgs};
@@ -86,46 +85,60 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         confirm()?;
     }
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
-    let green = printer.style_err(Style::new().green());
-    let red = printer.style_err(Style::new().red().bold());
-    let outcomes = online::apply(
+    // A saved plan made with --verify-full is re-read the same way, or every re-hashed
+    // answer would differ from a metadata-only one and the plan would look stale.
+    let mut target_args = args.targets.clone();
+    target_args.verify_full |= plan
+        .targets
+        .iter()
+        .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
+    let conns = Connections::new(&loaded, &target_args, binary, printer);
+    // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
+    let display = super::progress::Display::new(printer, args.json);
+    let applied = online::apply(
         &plan,
         online::ApplyOptions {
             rollback: !args.no_rollback,
             allow_replace: args.allow_replace,
             saved,
         },
-        &mut |target| conns.writer(target),
-        &mut |target, step| {
-            let mark = if step.error.is_none() {
-                green.apply_to("done")
-            } else {
-                red.apply_to("FAILED")
-            };
-            let verdict = step
-                .detail
-                .as_ref()
-                .and_then(|d| {
-                    serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
-                })
-                .and_then(|r| r.verdict)
-                .map(|v| format!(": {}", v.summary()))
-                .unwrap_or_default();
-            printer.status(&format!(
-                "{}: {} ... {mark} ({:.1}s){verdict}",
-                target.heading(),
-                step.description,
-                step.millis as f64 / 1000.0
-            ));
+        &args.targets.limits(),
+        &|target| conns.writer(target, Some(display.observer(target.target.heading()))),
+        &|target, step| {
+            let heading = target.heading();
+            // Agent steps were shown as they ended; the API's are shown here.
+            if !args.json && !display.shown(&heading, &step.description) {
+                let verdict = step
+                    .detail
+                    .as_ref()
+                    .and_then(|d| {
+                        serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
+                            d.clone(),
+                        )
+                        .ok()
+                    })
+                    .and_then(|r| r.verdict)
+                    .map(|v| format!(": {}", v.summary()))
+                    .unwrap_or_default();
+                let line = super::progress::step_line(
+                    printer,
+                    &heading,
+                    &step.description,
+                    step.error.is_none(),
+                    step.millis,
+                );
+                printer.status(&format!("{line}{verdict}"));
+            }
             // A preflight that passes may still have something to say (a setting that
             // works, but not as well as it could).
             let warnings = step
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::preflight::PreflightReport>(d.clone())
-                        .ok()
+                    serde_json::from_value::<crate::resources::service::preflight::PreflightReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .map(|r| r.warnings)
                 .unwrap_or_default();
@@ -133,7 +146,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 printer.warn(&format!("{}: {w}", target.heading()));
             }
         },
-    )?;
+    );
+    display.finish();
+    let outcomes = applied?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {
         print_report(&plan, true, &outcomes, printer)?;

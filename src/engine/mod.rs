@@ -3,6 +3,7 @@
 
 pub mod desired;
 pub mod online;
+pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;
@@ -41,7 +42,7 @@ impl DesiredTarget {
     }
 
     /// `<target>/<kind>:<name>` for a resource of this target.
-    fn address(&self, spec: &ResourceSpec) -> String {
+    pub fn address(&self, spec: &ResourceSpec) -> String {
         let prefix = self.target.names().0;
         format!("{prefix}/{}", spec.address())
     }

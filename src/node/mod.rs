@@ -5,6 +5,8 @@
 pub mod bootstrap;
 pub mod config_edit;
 pub mod gpu;
+pub mod gpu_check;
+pub mod target;
 
 use crate::transport::TransportError;
 

@@ -9,11 +9,11 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+use super::ServiceSpec;
 use crate::health::Verdict;
 use crate::health::watch::{journal_cursor, unit_properties, watch};
 use crate::host::write_file_atomic;
 use crate::render::systemd::{assignments, split_shown};
-use crate::resources::service::ServiceSpec;
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";
@@ -68,8 +68,8 @@ pub enum DeployError {
         source: std::io::Error,
     },
     /// A unit file could not be written.
-    #[error("{0}")]
-    Write(String),
+    #[error(transparent)]
+    Write(crate::host::HostError),
     /// systemd loaded something else than was written; the last good unit was restored.
     #[error("systemd did not load what was written to {unit_path}:\n  {}\n  {restored}", .differences.join("\n  "))]
     NotLoaded {
@@ -227,10 +227,17 @@ fn restart_and_watch(service: &ServiceSpec) -> Result<Option<Verdict>, DeployErr
     // A unit that hit its start limit earlier refuses to start until reset.
     let _ = systemctl(&["reset-failed", &service.unit]);
     systemctl(&["restart", "--no-block", &service.unit])?;
-    Ok(service
+    // The gate's last log line and its verdict reach the workstation as they happen.
+    let verdict = service
         .readiness
         .as_ref()
-        .map(|r| watch(&service.unit, r, cursor, &mut |_| {})))
+        .map(|r| watch(&service.unit, r, cursor, &mut |l| crate::progress::line(l)));
+    if let Some(v) = &verdict {
+        crate::progress::report(crate::progress::Progress::Verdict {
+            text: format!("{}: {}", service.unit, v.summary()),
+        });
+    }
+    Ok(verdict)
 }
 
 /// Deploys; the error carries the diagnosis (and what the rollback did) for people.
