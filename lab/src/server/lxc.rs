@@ -109,27 +109,6 @@ fn uptime_of(pid: u32) -> u64 {
     (up as u64).saturating_sub(start / hz)
 }
 
-/// `GET /cluster/resources` (`type` `vm` or absent): the containers as the cluster lists
-/// them, `id` `lxc/<vmid>` and `type` `lxc` beside the list's fields (Ansible's Proxmox
-/// modules find containers through it).
-pub fn cluster_resources(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
-    let kind = ctx.params.str("type");
-    if kind.is_some_and(|k| k != "vm") {
-        return Ok(Reply::data(Value::Array(Vec::new())));
-    }
-    let mut out = Vec::new();
-    for vmid in app.node.list() {
-        if let Ok(conf) = app.node.load(vmid) {
-            let mut v = summary(&app.node, vmid, &conf);
-            v["id"] = json!(format!("lxc/{vmid}"));
-            v["type"] = json!("lxc");
-            v["node"] = json!(app.node.lab.node);
-            out.push(v);
-        }
-    }
-    Ok(Reply::data(Value::Array(out)))
-}
-
 fn list(app: &App) -> ApiResult<Reply> {
     let mut out = Vec::new();
     for vmid in app.node.list() {

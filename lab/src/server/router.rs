@@ -205,7 +205,6 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
     match (m, s.as_slice()) {
         (Method::GET, ["version"]) => super::cluster::version(),
         (Method::GET, ["cluster", "nextid"]) => super::cluster::nextid(app, &ctx),
-        (Method::GET, ["cluster", "resources"]) => super::lxc::cluster_resources(app, &ctx),
         (Method::GET, ["nodes"]) => super::cluster::nodes(app),
         (Method::GET, ["cluster", "resources"]) => super::cluster::resources(app, &ctx),
         (Method::GET, ["nodes", _]) => {
