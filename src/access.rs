@@ -38,6 +38,13 @@ pub enum ApiOp {
         /// Whether a replace may destroy the container.
         allow_replace: bool,
     },
+    /// Have the node download a container template (checksum verified by the node).
+    Template {
+        /// The change's plan address, for messages.
+        address: String,
+        /// The template.
+        spec: crate::resources::template::TemplateSpec,
+    },
 }
 
 impl Op {
@@ -46,6 +53,12 @@ impl Op {
         match self {
             Op::Guest(step) => step.describe(),
             Op::Api(ApiOp::Container { address, .. }) => format!("apply {address}"),
+            Op::Api(ApiOp::Template { spec, .. }) => {
+                format!(
+                    "download {} ({} checked)",
+                    spec.volume, spec.checksum_algorithm
+                )
+            }
         }
     }
 }

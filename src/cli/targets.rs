@@ -12,6 +12,7 @@ use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
+use crate::node::target::{NodeReader, NodeWriter};
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
 use crate::proxmox::{ApiSettings, NodeApi};
@@ -22,8 +23,9 @@ use crate::transport::Transport;
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
 pub struct TargetArgs {
-    /// Only these targets: `guest.NAME` (inside the container), `container.NAME` (its
-    /// Proxmox config), or a container's NAME for both. Repeatable.
+    /// Only these targets: `node.NAME` (the node itself: model storage, templates, NVIDIA),
+    /// `guest.NAME` (inside the container), `container.NAME` (its Proxmox config), or a
+    /// container's NAME for both. Repeatable.
     #[arg(long = "target", value_name = "TARGET")]
     pub targets: Vec<String>,
     /// The SSH known_hosts file (default ~/.ssh/known_hosts).
@@ -109,6 +111,14 @@ impl<'a> Connections<'a> {
                 self.node(node)?,
                 container_specs(d.resources.iter().map(|r| &r.spec)),
             ))),
+            Target::Node { node, .. } => {
+                let api = self.node(node)?;
+                let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                Ok(Box::new(NodeReader::new(
+                    api,
+                    AgentReader::new(ssh, self.binary.clone()),
+                )))
+            }
             target => connect_reader(self.loaded, target, self.args, &self.binary),
         }
     }
@@ -120,6 +130,14 @@ impl<'a> Connections<'a> {
                 self.node(node)?,
                 container_specs(t.changes.iter().map(|c| &c.spec)),
             ))),
+            Target::Node { node, .. } => {
+                let api = self.node(node)?;
+                let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                Ok(Box::new(NodeWriter::new(
+                    api,
+                    AgentWriter::new(ssh, self.binary.clone()),
+                )))
+            }
             target => connect_writer(self.loaded, target, self.args, &self.binary),
         }
     }
@@ -209,7 +227,7 @@ fn transport(
         ))
         .into()),
         Target::Node { node, .. } => Err(Diagnostic::new(format!(
-            "cannot read node `{node}`: the Proxmox API client is not built yet"
+            "node `{node}` is read through its API and its SSH together, not one agent"
         ))
         .into()),
     }

@@ -2,6 +2,7 @@
 //! parsed with positions kept ([`load`]), and validated in one place ([`validate`]).
 
 pub mod container;
+pub mod host;
 pub mod load;
 pub mod node;
 pub mod secret;

@@ -139,6 +139,13 @@ impl Validator<'_> {
                 "add `token: { env: PVE_TOKEN }`, or `password: { env: PVE_ROOT_PASSWORD }` for root@pam",
             );
         }
+        for (pos, message, hint) in super::host::problems(
+            node.model_storage.as_ref(),
+            &node.templates,
+            node.nvidia.as_ref(),
+        ) {
+            self.err(pos, message, hint);
+        }
         if node.ssh.host.is_none() {
             self.err(
                 node.api.url.pos,

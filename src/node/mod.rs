@@ -5,6 +5,7 @@
 pub mod bootstrap;
 pub mod config_edit;
 pub mod gpu;
+pub mod target;
 
 use crate::transport::TransportError;
 

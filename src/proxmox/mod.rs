@@ -5,6 +5,7 @@
 pub mod client;
 pub mod container;
 pub mod error;
+pub mod storage;
 pub mod tasks;
 
 pub use client::{ApiSettings, NodeApi};

@@ -17,8 +17,11 @@ use super::directory;
 use super::file::{self, PathFact};
 use super::git_checkout::{self, GitFact};
 use super::model::{self, ModelFact, ModelPull};
+use super::model_storage::{self, StorageFact};
+use super::nvidia_host::{self, NvidiaHostFact};
 use super::pip_packages::{self, PipIndex};
 use super::service::{self, UnitFact};
+use super::template::TemplateFact;
 use super::venv::{self, VenvFact};
 
 /// Bumped whenever the request or event format changes incompatibly; the client refuses
@@ -151,6 +154,25 @@ pub enum Probe {
         /// vmid.
         vmid: u64,
     },
+    /// A container template in the node's storage (through the node's API).
+    PveTemplate {
+        /// `STORAGE:vztmpl/FILE`.
+        volume: String,
+    },
+    /// The node's model storage: what is at the path, and ZFS's view of the dataset.
+    ModelStorage {
+        /// The directory or mountpoint.
+        path: String,
+        /// The dataset, when ZFS.
+        dataset: Option<String>,
+        /// The properties to read.
+        properties: Vec<String>,
+    },
+    /// The node's NVIDIA side under its root.
+    NvidiaHost {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -175,6 +197,12 @@ pub enum Fact {
     Readiness(Option<crate::health::process::ReadinessFact>),
     /// Answer to [`Probe::PveContainer`].
     PveContainer(Option<PveContainerFact>),
+    /// Answer to [`Probe::PveTemplate`].
+    PveTemplate(Option<TemplateFact>),
+    /// Answer to [`Probe::ModelStorage`].
+    ModelStorage(Option<StorageFact>),
+    /// Answer to [`Probe::NvidiaHost`].
+    NvidiaHost(Option<NvidiaHostFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -263,6 +291,18 @@ impl Facts {
         /// A container's Proxmox config.
         pve_container, PveContainer, PveContainerFact
     );
+    accessor!(
+        /// A template in the node's storage.
+        pve_template, PveTemplate, TemplateFact
+    );
+    accessor!(
+        /// The node's model storage.
+        model_storage, ModelStorage, StorageFact
+    );
+    accessor!(
+        /// The node's NVIDIA side.
+        nvidia_host, NvidiaHost, NvidiaHostFact
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -294,10 +334,18 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
             served_model_name,
         ))),
         Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
-        Probe::PveContainer { .. } => {
-            return Err(
-                "a container's Proxmox config is read through the node's API, not the agent".into(),
-            );
+        Probe::ModelStorage {
+            path,
+            dataset,
+            properties,
+        } => Fact::ModelStorage(model_storage::read(
+            Path::new(path),
+            dataset.as_deref(),
+            properties,
+        )?),
+        Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
+        Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
+            return Err("Proxmox's own state is read through the node's API, not the agent".into());
         }
     })
 }
@@ -394,6 +442,30 @@ pub enum Step {
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
     DeployService(Box<crate::agent::deploy::Deploy>),
+    /// Bring the node's ZFS dataset for the model storage into place (import, create,
+    /// set properties, mount), never destroying or hiding data.
+    Zfs(model_storage::ZfsStep),
+    /// Write (when `content`) and enable a systemd unit under the node's root; start it on
+    /// a real node.
+    NodeUnit {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+        /// The unit.
+        unit: String,
+        /// Its file's content, when provision owns the file.
+        content: Option<String>,
+    },
+    /// Run the NVIDIA driver installer (only with `apply --install-driver`).
+    InstallDriver {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+        /// The `.run` file.
+        path: String,
+        /// Its sha256.
+        sha256: String,
+        /// The version it installs.
+        version: String,
+    },
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -429,6 +501,11 @@ impl Step {
             }
             Step::Preflight(s) => format!("preflight {}", s.unit),
             Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
+            Step::Zfs(z) => format!("zfs dataset {} at {}", z.spec.dataset, z.path),
+            Step::NodeUnit { unit, .. } => format!("enable {unit} on the node"),
+            Step::InstallDriver { version, path, .. } => {
+                format!("install NVIDIA driver {version} ({path})")
+            }
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -471,6 +548,18 @@ impl Step {
                 mode,
             } => directory::mkdir(Path::new(path), owner, group, *mode),
             Step::AptInstall { packages } => apt::install(packages),
+            Step::Zfs(z) => z.run(),
+            Step::NodeUnit {
+                root,
+                unit,
+                content,
+            } => nvidia_host::setup_unit(root, unit, content.as_deref()),
+            Step::InstallDriver {
+                root,
+                path,
+                sha256,
+                version,
+            } => nvidia_host::install_driver(root, path, sha256, version),
             Step::CreateVenv {
                 path,
                 python,
