@@ -11,54 +11,148 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
+/// Why something on the machine the agent runs on failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A program could not be started.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program exited non-zero.
+    #[error("{command} exited with {status}:\n{output}")]
+    Exit {
+        /// The command line.
+        command: String,
+        /// Its exit code, or "a signal".
+        status: String,
+        /// The last lines of its stderr (or stdout when stderr was empty).
+        output: String,
+    },
+    /// A file-system call failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("create", "read", ...).
+        action: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A user or group name that the machine does not know.
+    #[error("no such {kind}: {name}")]
+    UnknownId {
+        /// "user" or "group".
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A file that reads back different from what was written.
+    #[error("{} reads back different from what was written (sha256 {got} instead of {want})", path.display())]
+    ReadBack {
+        /// The file.
+        path: PathBuf,
+        /// sha256 read back.
+        got: String,
+        /// sha256 written.
+        want: String,
+    },
+    /// Something read on the machine is not in the form expected.
+    #[error("{what}: {detail}")]
+    Unexpected {
+        /// What was read.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+impl HostError {
+    /// A file-system error on `path`, as a `map_err` argument.
+    pub fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> HostError {
+        let path = path.to_path_buf();
+        move |source| HostError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
 /// Runs a program, failing with its output's tail when it exits non-zero.
-pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), String> {
+pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), HostError> {
+    output(program, args, env).map(drop)
+}
+
+/// Runs a program; its stdout, or an error with its output's tail when it exits non-zero.
+pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<String, HostError> {
     let out = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|source| HostError::Spawn {
+            program: program.to_string(),
+            source,
+        })?;
     if out.status.success() {
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
     if text.trim().is_empty() {
         text = String::from_utf8_lossy(&out.stdout).into_owned();
     }
-    let tail: Vec<&str> = text
-        .lines()
-        .rev()
-        .take(15)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    Err(format!(
-        "{program} {} exited with {}:\n{}",
-        args.join(" "),
-        out.status
+    let lines: Vec<&str> = text.lines().collect();
+    Err(HostError::Exit {
+        command: format!("{program} {}", args.join(" ")),
+        status: out
+            .status
             .code()
             .map_or("a signal".to_string(), |c| c.to_string()),
-        tail.join("\n")
-    ))
+        output: lines[lines.len().saturating_sub(15)..].join("\n"),
+    })
+}
+
+/// `systemctl show` of `props` for `unit`, as `property -> value`: the one parser of its
+/// `Key=value` lines.
+pub fn systemctl_show(unit: &str, props: &[&str]) -> Result<BTreeMap<String, String>, HostError> {
+    let text = output(
+        "systemctl",
+        &[
+            "show".into(),
+            format!("--property={}", props.join(",")),
+            "--".into(),
+            unit.to_string(),
+        ],
+        &[],
+    )?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
 }
 
 /// A user (in `/etc/passwd`) or group (in `/etc/group`) id by name; numbers pass as they are.
-pub fn lookup_id(file: &str, name: &str) -> Result<u32, String> {
+pub fn lookup_id(file: &str, name: &str) -> Result<u32, HostError> {
     if let Ok(n) = name.parse() {
         return Ok(n);
     }
-    let text = fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let text = fs::read_to_string(file).map_err(HostError::io("read", Path::new(file)))?;
     id_entries(&text)
         .find_map(|(n, id)| (n == name).then_some(id))
-        .ok_or_else(|| {
-            let what = if file.ends_with("passwd") {
+        .ok_or_else(|| HostError::UnknownId {
+            kind: if file.ends_with("passwd") {
                 "user"
             } else {
                 "group"
-            };
-            format!("no such {what}: {name}")
+            },
+            name: name.to_string(),
         })
 }
 
@@ -85,13 +179,12 @@ pub fn id_names() -> (BTreeMap<u32, String>, BTreeMap<u32, String>) {
 }
 
 /// Sets owner, group and permission bits of `path`.
-pub fn set_owner_mode(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), String> {
+pub fn set_owner_mode(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), HostError> {
     let uid = lookup_id("/etc/passwd", owner)?;
     let gid = lookup_id("/etc/group", group)?;
-    chown(path, Some(uid), Some(gid))
-        .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
+    chown(path, Some(uid), Some(gid)).map_err(HostError::io("chown", path))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))
+        .map_err(HostError::io("chmod", path))
 }
 
 /// Writes `bytes` to `path` atomically with owner and mode, then reads it back and
@@ -102,58 +195,52 @@ pub fn write_file_atomic(
     owner: &str,
     group: &str,
     mode: u32,
-) -> Result<(), String> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| format!("{} has no parent folder", path.display()))?;
-    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+) -> Result<(), HostError> {
+    let dir = path.parent().ok_or_else(|| HostError::Unexpected {
+        what: path.display().to_string(),
+        detail: "it has no parent folder".into(),
+    })?;
+    fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp: PathBuf = dir.join(format!(".{name}.provision-{}", std::process::id()));
     let result = (|| {
-        let mut f =
-            fs::File::create(&tmp).map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        f.write_all(bytes)
-            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-        f.sync_all()
-            .map_err(|e| format!("cannot sync {}: {e}", tmp.display()))?;
+        let mut f = fs::File::create(&tmp).map_err(HostError::io("create", &tmp))?;
+        f.write_all(bytes).map_err(HostError::io("write", &tmp))?;
+        f.sync_all().map_err(HostError::io("sync", &tmp))?;
         drop(f);
         set_owner_mode(&tmp, owner, group, mode)?;
-        fs::rename(&tmp, path)
-            .map_err(|e| format!("cannot rename into {}: {e}", path.display()))?;
+        fs::rename(&tmp, path).map_err(HostError::io("rename into", path))?;
         // The rename is durable only once the folder is synced.
         fs::File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| format!("cannot sync {}: {e}", dir.display()))
+            .map_err(HostError::io("sync", dir))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result?;
-    let back = fs::read(path).map_err(|e| format!("cannot read back {}: {e}", path.display()))?;
+    let back = fs::read(path).map_err(HostError::io("read back", path))?;
     let (want, got) = (Sha256::digest(bytes), Sha256::digest(&back));
     if want != got {
-        return Err(format!(
-            "{} reads back different from what was written (sha256 {} instead of {})",
-            path.display(),
-            hex::encode(got),
-            hex::encode(want)
-        ));
+        return Err(HostError::ReadBack {
+            path: path.to_path_buf(),
+            got: hex::encode(got),
+            want: hex::encode(want),
+        });
     }
     Ok(())
 }
 
 /// sha256 of a file, hex, read in chunks (installers are hundreds of MB).
-pub fn sha256_file(path: &Path) -> Result<String, String> {
-    let mut file =
-        fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+pub fn sha256_file(path: &Path) -> Result<String, HostError> {
+    let mut file = fs::File::open(path).map_err(HostError::io("open", path))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = std::io::Read::read(&mut file, &mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let n = std::io::Read::read(&mut file, &mut buf).map_err(HostError::io("read", path))?;
         if n == 0 {
             break;
         }
@@ -188,7 +275,7 @@ mod tests {
         let p = dir.path().join("f");
         fs::write(&p, "old").unwrap();
         let e = write_file_atomic(&p, b"new", "no-such-user-xyz", "root", 0o644).unwrap_err();
-        assert!(e.contains("no such user"), "{e}");
+        assert!(e.to_string().contains("no such user"), "{e}");
         assert_eq!(fs::read_to_string(&p).unwrap(), "old");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }

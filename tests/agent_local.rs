@@ -99,7 +99,10 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &mut |_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(p.summary.create, 3, "{p:#?}");
     let pushed: Vec<_> = std::fs::read_dir(agent_dir.join("bin")).unwrap().collect();
@@ -107,7 +110,10 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &mut |_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
     // Apply: one round trip for the steps, one to verify.
@@ -131,13 +137,19 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &mut |_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .unwrap();
     assert!(!p.summary.has_changes(), "{p:#?}");
     assert_eq!(p.summary.unchanged, 3);
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &mut |_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .unwrap();
     let c = &p.targets[0].changes;
     assert_eq!(c.len(), 1);
     assert_eq!(c[0].action, Action::Update);
@@ -169,7 +181,10 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, &mut |_| Ok(reader(&t, &agent_dir))).unwrap();
+    let p = plan("inv.yaml", &want, false, &mut |_| {
+        Ok(reader(&t, &agent_dir))
+    })
+    .unwrap();
     let err = apply(
         &p,
         Default::default(),
@@ -252,7 +267,7 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         let bin = bin.clone();
         let t = t.clone();
         let dir = agent_dir.clone();
-        plan("inv.yaml", &want, &mut move |_| {
+        plan("inv.yaml", &want, false, &mut move |_| {
             Ok(Box::new(
                 AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
             ))

@@ -284,7 +284,7 @@ fn nvidia_host_checks_on_an_h200_nodes_outputs() {
     // nvidia-persistenced comes with the driver, which this root does not have installed.
     let apply = expect(&provision(&lab, &s, &["apply", "--yes"], Some(&root)), 1);
     assert!(
-        apply.contains("nvidia-persistenced.service is not installed on the node"),
+        apply.contains("nvidia-persistenced.service: not installed on the node"),
         "{apply}"
     );
 

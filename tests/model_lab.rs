@@ -111,6 +111,32 @@ fn download_on_the_target_into_shared_verify_and_repair() {
         meta.len()
     );
     g.expect(&["check", "--verify-full"], 0);
+
+    // The same repair through a saved plan: made with --verify-full, it is applied as saved
+    // (re-read the same way, so not mistaken for stale) and repairs the file.
+    flip_byte(&shard, 4096);
+    let saved = g.dir.path().join("verify-full.plan.json");
+    let (planned, _) = g.expect(
+        &["plan", "--verify-full", "--out", saved.to_str().unwrap()],
+        0,
+    );
+    assert!(planned.contains("~ model /shared/models/m"), "{planned}");
+    let applied = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+        .args(["apply", "--yes", "--known-hosts"])
+        .arg(g.dir.path().join("known_hosts"))
+        .arg(&saved)
+        .env("NO_COLOR", "1")
+        .env_remove("SSH_AUTH_SOCK")
+        .output()
+        .unwrap();
+    assert_eq!(
+        applied.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    hub_support::assert_identical(&hub_support::model("org/model"), &dest);
+    g.expect(&["check", "--verify-full"], 0);
 }
 
 /// Flips one byte of `file` in place, keeping its size, mtime and inode: damage that only a

@@ -333,6 +333,7 @@ impl TargetReader for AgentReader {
 /// Write access to one target through its agent: probes and steps.
 pub struct AgentWriter {
     conn: Conn,
+    verify_full: bool,
 }
 
 impl AgentWriter {
@@ -340,7 +341,15 @@ impl AgentWriter {
     pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
         AgentWriter {
             conn: Conn::new(transport, binary),
+            verify_full: false,
         }
+    }
+
+    /// Its reads (the stale-plan check and the verification after the steps) re-hash model
+    /// files instead of trusting their records, as `--verify-full` asks.
+    pub fn verify_full(mut self, full: bool) -> Self {
+        self.verify_full = full;
+        self
     }
 
     /// Keeps agents under `dir` on the target instead of the default.
@@ -356,7 +365,7 @@ impl TargetReader for AgentWriter {
     }
 
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
-        Ok(self.conn.probe(probes, false)?)
+        Ok(self.conn.probe(probes, self.verify_full)?)
     }
 }
 

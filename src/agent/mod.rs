@@ -6,9 +6,6 @@
 
 pub mod cache;
 pub mod client;
-pub mod deploy;
-pub mod preflight;
-pub mod sglang_rules;
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
@@ -56,7 +53,7 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                     Err(error) => Answer {
                         probe,
                         fact: None,
-                        error: Some(error),
+                        error: Some(error.to_string()),
                     },
                 })
                 .collect();

@@ -91,7 +91,14 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         confirm()?;
     }
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&loaded, &args.targets, binary, printer);
+    // A saved plan made with --verify-full is re-read the same way, or every re-hashed
+    // answer would differ from a metadata-only one and the plan would look stale.
+    let mut target_args = args.targets.clone();
+    target_args.verify_full |= plan
+        .targets
+        .iter()
+        .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
+    let mut conns = Connections::new(&loaded, &target_args, binary, printer);
     let green = printer.style_err(Style::new().green());
     let red = printer.style_err(Style::new().red().bold());
     let outcomes = online::apply(
@@ -113,7 +120,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::deploy::DeployReport>(d.clone()).ok()
+                    serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .and_then(|r| r.verdict)
                 .map(|v| format!(": {}", v.summary()))
@@ -130,8 +140,10 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 .detail
                 .as_ref()
                 .and_then(|d| {
-                    serde_json::from_value::<crate::agent::preflight::PreflightReport>(d.clone())
-                        .ok()
+                    serde_json::from_value::<crate::resources::service::preflight::PreflightReport>(
+                        d.clone(),
+                    )
+                    .ok()
                 })
                 .map(|r| r.warnings)
                 .unwrap_or_default();

@@ -77,7 +77,7 @@ pub fn read_plan(
     let binary = Arc::new(AgentBinary::current()?);
     let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
-    let plan = online::plan(inventory, &desired, &mut |d| {
+    let plan = online::plan(inventory, &desired, targets.verify_full, &mut |d| {
         printer.status(&format!("reading {}", d.target.heading()));
         conns.reader(d)
     })?;

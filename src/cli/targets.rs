@@ -201,7 +201,9 @@ pub fn connect_writer(
     binary: &Arc<AgentBinary>,
 ) -> anyhow::Result<Box<dyn TargetWriter>> {
     let transport = transport(loaded, target, args)?;
-    Ok(Box::new(AgentWriter::new(transport, binary.clone())))
+    Ok(Box::new(
+        AgentWriter::new(transport, binary.clone()).verify_full(args.verify_full),
+    ))
 }
 
 /// The container specs among `specs`.

@@ -7,16 +7,18 @@ use std::time::Instant;
 
 use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::agent::deploy::DeployReport;
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
+use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
-/// Plans `desired` against what `read` finds on each target.
+/// Plans `desired` against what `read` finds on each target (`verify_full`: the readers
+/// re-hash model files, recorded in the plan so a saved plan is re-read the same way).
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
+    verify_full: bool,
     read: &mut dyn FnMut(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>>,
 ) -> anyhow::Result<Plan> {
     let mut targets = Vec::new();
@@ -28,6 +30,7 @@ pub fn plan(
         target.read = Some(ReadStamp {
             digest: facts.digest(&probes)?,
             probes,
+            verify_full,
         });
         targets.push(target);
     }

@@ -51,22 +51,8 @@ fn journal_after(unit: &str, cursor: &Option<String>) -> (Vec<String>, Option<St
 
 /// `systemctl show` for a few properties.
 pub fn unit_properties(unit: &str, props: &[&str]) -> BTreeMap<String, String> {
-    Command::new("systemctl")
-        .args([
-            "show",
-            &format!("--property={}", props.join(",")),
-            "--",
-            unit,
-        ])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .unwrap_or_default()
+    // Unreadable reads as unknown: the watch judges from what it can see.
+    crate::host::systemctl_show(unit, props).unwrap_or_default()
 }
 
 fn port_open(port: u16) -> bool {

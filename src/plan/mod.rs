@@ -64,6 +64,10 @@ pub struct ReadStamp {
     pub probes: Vec<Probe>,
     /// sha256 of the answers (see `Facts::digest`).
     pub digest: String,
+    /// The model files were re-hashed (`--verify-full`), so applying the saved plan must
+    /// re-hash them too to compare like with like.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify_full: bool,
 }
 
 /// A place changes happen: a node, a container's configuration on its node, or the

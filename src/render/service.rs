@@ -10,13 +10,13 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::sglang;
-use crate::agent::preflight::Preflight;
 use crate::health::Readiness;
 use crate::inventory::Pos;
 use crate::inventory::container::Container;
 use crate::inventory::service::{Service, UnitDirectives};
 use crate::inventory::text::Name;
 use crate::inventory::validate::unit_name;
+use crate::resources::service::preflight::Preflight;
 use crate::resources::service::{Declared, Fallback, ServiceSpec};
 
 /// How long SGLang's own argument check may take (it imports torch: tens of seconds).

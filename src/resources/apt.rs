@@ -2,11 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages to have installed: `name` or `name=version`.
@@ -81,15 +83,10 @@ impl Resource for AptSpec {
 }
 
 /// Installed versions from dpkg's status file (no `dpkg-query` process needed).
-pub fn packages(names: &[String]) -> Result<BTreeMap<String, Option<String>>, String> {
-    let status = match fs::read_to_string("/var/lib/dpkg/status") {
-        Ok(s) => s,
-        Err(e) => {
-            return Err(format!(
-                "cannot read /var/lib/dpkg/status (is this Debian or Ubuntu?): {e}"
-            ));
-        }
-    };
+pub fn packages(names: &[String]) -> Result<BTreeMap<String, Option<String>>, HostError> {
+    // Not there: this is not Debian or Ubuntu, which the message's path makes plain.
+    let path = Path::new("/var/lib/dpkg/status");
+    let status = fs::read_to_string(path).map_err(HostError::io("read", path))?;
     Ok(parse_dpkg_status(&status, names))
 }
 
@@ -120,7 +117,7 @@ pub fn parse_dpkg_status(status: &str, names: &[String]) -> BTreeMap<String, Opt
 }
 
 /// Installs Debian packages in one non-interactive transaction.
-pub fn install(packages: &[String]) -> Result<(), String> {
+pub fn install(packages: &[String]) -> Result<(), HostError> {
     let env = [
         ("DEBIAN_FRONTEND", "noninteractive"),
         ("NEEDRESTART_MODE", "a"),

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError, mode_text, owner_mode_changes, unified_diff};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A file's desired state.
@@ -141,11 +142,11 @@ pub struct PathFact {
 }
 
 /// What is at `path` (not following a final symlink).
-pub fn path_fact(path: &Path) -> Result<Option<PathFact>, String> {
+pub fn path_fact(path: &Path) -> Result<Option<PathFact>, HostError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot stat {}: {e}", path.display())),
+        Err(e) => return Err(HostError::io("stat", path)(e)),
     };
     let ft = meta.file_type();
     let kind = if ft.is_file() {
@@ -170,15 +171,12 @@ pub fn path_fact(path: &Path) -> Result<Option<PathFact>, String> {
         content: None,
     };
     if kind == PathKind::File && meta.len() <= HASH_LIMIT {
-        let mut file =
-            fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut file = fs::File::open(path).map_err(HostError::io("read", path))?;
         let mut hasher = Sha256::new();
         let mut small = Vec::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = file
-                .read(&mut buf)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let n = file.read(&mut buf).map_err(HostError::io("read", path))?;
             if n == 0 {
                 break;
             }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A checkout's desired state.
@@ -94,27 +95,14 @@ pub struct GitFact {
 }
 
 /// A git checkout through git itself (HEAD, origin, local changes to tracked files).
-pub fn read(path: &Path) -> Result<Option<GitFact>, String> {
+pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
     if !path.join(".git").exists() {
         return Ok(None);
     }
-    let run = |args: &[&str]| -> Result<String, String> {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(path)
-            .args(args)
-            .output()
-            .map_err(|e| format!("cannot run git: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            Err(format!(
-                "git {} in {} failed: {}",
-                args.join(" "),
-                path.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+    let run = |args: &[&str]| -> Result<String, HostError> {
+        let mut full = vec!["-C".to_string(), path.display().to_string()];
+        full.extend(args.iter().map(|s| s.to_string()));
+        Ok(crate::host::output("git", &full, &[])?.trim().to_string())
     };
     let head = run(&["rev-parse", "HEAD"])?;
     let origin = run(&["config", "--get", "remote.origin.url"]).ok();
@@ -127,8 +115,8 @@ pub fn read(path: &Path) -> Result<Option<GitFact>, String> {
 }
 
 /// Checks out a commit (cloning first if needed), discarding local changes.
-pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), String> {
-    let git = |args: &[&str]| -> Result<(), String> {
+pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError> {
+    let git = |args: &[&str]| -> Result<(), HostError> {
         let mut full = vec!["-C".to_string(), path.to_string()];
         full.extend(args.iter().map(|s| s.to_string()));
         crate::host::run("git", &full, &[])

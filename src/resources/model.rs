@@ -152,9 +152,9 @@ pub struct ModelFact {
 
 /// A model folder's verification record, summarised for the planner: metadata only
 /// (size, mtime, inode per file), or every file re-hashed with `full`.
-pub fn read(path: &Path, full: bool) -> Result<Option<ModelFact>, String> {
+pub fn read(path: &Path, full: bool) -> Result<Option<ModelFact>, crate::hub::HubError> {
     use crate::hub::{Problem, StoreState};
-    let status = crate::hub::status(path, None).map_err(|e| e.to_string())?;
+    let status = crate::hub::status(path, None)?;
     if status.state == StoreState::NoRecord {
         if !path.exists() {
             return Ok(None);
@@ -180,8 +180,7 @@ pub fn read(path: &Path, full: bool) -> Result<Option<ModelFact>, String> {
     if full && fact.intact {
         let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Read-only: a probe reports, and only apply's pull records what it found.
-        let report = crate::hub::inspect(path, true, jobs, &crate::hub::NoProgress)
-            .map_err(|e| e.to_string())?;
+        let report = crate::hub::inspect(path, true, jobs, &crate::hub::NoProgress)?;
         if !report.problems.is_empty() {
             fact.intact = false;
             fact.changed = report

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::file::PathKind;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The attribute that carries a conflict: apply refuses a change that has one.
@@ -98,12 +99,27 @@ impl ModelStorageSpec {
     }
 }
 
+/// Why the storage cannot be brought into place without destroying or hiding data, with
+/// the evidence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Conflict(pub String);
+
+impl From<Conflict> for HostError {
+    fn from(c: Conflict) -> Self {
+        HostError::Unexpected {
+            what: "the model storage".into(),
+            detail: c.0,
+        }
+    }
+}
+
 /// What apply will run for `spec` given `fact`, or the conflict that stops it.
 pub fn zfs_commands(
     spec: &ZfsSpec,
     path: &str,
     fact: Option<&StorageFact>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, Conflict> {
     let create = || {
         let mut cmd = String::from("zfs create -p");
         for (k, v) in &spec.properties {
@@ -116,21 +132,24 @@ pub fn zfs_commands(
         // The empty world: an imported pool without the dataset.
         return Ok(vec![create()]);
     };
-    let zfs = fact.zfs.as_ref().ok_or("ZFS was not read")?;
+    let zfs = fact
+        .zfs
+        .as_ref()
+        .ok_or_else(|| Conflict("ZFS was not read".into()))?;
     if !zfs.tools {
-        return Err(format!(
+        return Err(Conflict(format!(
             "`zfs`/`zpool` do not run on the node, so dataset {} cannot be there",
             spec.dataset
-        ));
+        )));
     }
     let mut out = Vec::new();
     match &zfs.dataset {
         Some(ds) => {
             if ds.mountpoint != path {
-                return Err(format!(
+                return Err(Conflict(format!(
                     "dataset {} exists with mountpoint={} (zfs get mountpoint), not {path}",
                     spec.dataset, ds.mountpoint
-                ));
+                )));
             }
             for (k, v) in &spec.properties {
                 if ds.properties.get(k) != Some(v) {
@@ -143,13 +162,13 @@ pub fn zfs_commands(
         }
         None if zfs.imported.contains(&spec.pool) => {
             if fact.entries > 0 {
-                return Err(format!(
+                return Err(Conflict(format!(
                     "{path} already holds {} entr{} ({}) and is not dataset {}: a dataset mounted there would hide them",
                     fact.entries,
                     if fact.entries == 1 { "y" } else { "ies" },
                     fact.sample.join(", "),
                     spec.dataset
-                ));
+                )));
             }
             out.push(create());
         }
@@ -162,12 +181,12 @@ pub fn zfs_commands(
             ));
         }
         None => {
-            return Err(format!(
+            return Err(Conflict(format!(
                 "pool {} is neither imported (zpool list: {}) nor importable (zpool import: {}); provision never creates a pool over disks",
                 spec.pool,
                 list_or_none(&zfs.imported),
                 list_or_none(&zfs.importable)
-            ));
+            )));
         }
     }
     Ok(out)
@@ -217,7 +236,7 @@ impl Resource for ModelStorageSpec {
             });
         };
         Ok(match zfs_commands(zfs, &self.path, fact) {
-            Err(why) => Some(conflict(why)),
+            Err(why) => Some(conflict(why.0)),
             Ok(cmds) if cmds.is_empty() => None,
             Ok(cmds) => {
                 let exists = fact
@@ -265,14 +284,12 @@ pub fn read(
     path: &Path,
     dataset: Option<&str>,
     properties: &[String],
-) -> Result<Option<StorageFact>, String> {
+) -> Result<Option<StorageFact>, HostError> {
     let kind = super::file::path_fact(path)?.map(|f| f.kind);
     let mut names = Vec::new();
     if kind == Some(PathKind::Dir) {
-        for e in
-            std::fs::read_dir(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?
-        {
-            let e = e.map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+        for e in std::fs::read_dir(path).map_err(HostError::io("list", path))? {
+            let e = e.map_err(HostError::io("list", path))?;
             names.push(e.file_name().to_string_lossy().into_owned());
         }
     }
@@ -303,7 +320,7 @@ fn output(program: &str, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn read_zfs(dataset: &str, properties: &[String]) -> Result<ZfsFact, String> {
+fn read_zfs(dataset: &str, properties: &[String]) -> Result<ZfsFact, HostError> {
     let Some(list) = output("zpool", &["list", "-H", "-o", "name"]) else {
         return Ok(ZfsFact {
             tools: false,
@@ -364,7 +381,7 @@ pub fn parse_zfs_get(text: &str) -> DatasetFact {
 impl ZfsStep {
     /// Runs on the node: reads again, refuses a conflict, then runs the commands one by
     /// one and reads back.
-    pub fn run(&self) -> Result<(), String> {
+    pub fn run(&self) -> Result<(), HostError> {
         let names: Vec<String> = self
             .spec
             .properties
@@ -394,11 +411,10 @@ impl ZfsStep {
         if left.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "dataset {} still needs: {}",
-                self.spec.dataset,
-                left.join("; ")
-            ))
+            Err(HostError::Unexpected {
+                what: format!("dataset {} after apply", self.spec.dataset),
+                detail: format!("still needs: {}", left.join("; ")),
+            })
         }
     }
 }
@@ -455,14 +471,14 @@ mod tests {
         assert!(cmds.iter().all(|c| !c.contains("zpool create")));
         let f = fact(&["rpool"], "", None, 0);
         let err = zfs_commands(&spec(), "/tank/shared", Some(&f)).unwrap_err();
-        assert!(err.contains("never creates a pool"), "{err}");
+        assert!(err.0.contains("never creates a pool"), "{err}");
     }
 
     #[test]
     fn a_dataset_is_never_made_over_data() {
         let f = fact(&["tank"], "", None, 3);
         let err = zfs_commands(&spec(), "/tank/shared", Some(&f)).unwrap_err();
-        assert!(err.contains("holds 3 entries (f0, f1, f2)"), "{err}");
+        assert!(err.0.contains("holds 3 entries (f0, f1, f2)"), "{err}");
     }
 
     #[test]
@@ -482,6 +498,6 @@ mod tests {
             ]
         );
         let err = zfs_commands(&spec(), "/srv/models", Some(&f)).unwrap_err();
-        assert!(err.contains("mountpoint=/tank/shared"), "{err}");
+        assert!(err.0.contains("mountpoint=/tank/shared"), "{err}");
     }
 }

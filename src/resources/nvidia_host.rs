@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The unit that creates the UVM device nodes at boot.
@@ -286,15 +287,16 @@ fn active(root: &str, unit: &str) -> bool {
 }
 
 /// Reads the node's NVIDIA side under `root` (agent side).
-pub fn read(root: &str) -> Result<Option<NvidiaHostFact>, String> {
-    let module = match std::fs::read_to_string(under(root, "/proc/driver/nvidia/version")) {
+pub fn read(root: &str) -> Result<Option<NvidiaHostFact>, HostError> {
+    let version = under(root, "/proc/driver/nvidia/version");
+    let module = match std::fs::read_to_string(&version) {
         Ok(t) => Some(
             crate::gpu::parse::parse_proc_version(&t)
-                .map_err(|e| e.to_string())?
+                .map_err(|e| unexpected("/proc/driver/nvidia/version", e.to_string()))?
                 .version,
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("cannot read /proc/driver/nvidia/version: {e}")),
+        Err(e) => return Err(HostError::io("read", &version)(e)),
     };
     let uvm_path = under(root, &format!("/etc/systemd/system/{UVM_UNIT}"));
     Ok(Some(NvidiaHostFact {
@@ -310,29 +312,30 @@ pub fn read(root: &str) -> Result<Option<NvidiaHostFact>, String> {
 
 /// Writes (when `content`) and enables `unit` under `root`, then starts it on a real node
 /// (a stand-in root has no systemd to start it: the step says so). Agent side.
-pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), String> {
+pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), HostError> {
     if let Some(content) = content {
         let path = under(root, &format!("/etc/systemd/system/{unit}"));
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
         }
         crate::host::write_file_atomic(&path, content.as_bytes(), "root", "root", 0o644)?;
     }
     let file = unit_file(root, unit).ok_or_else(|| {
-        format!("{unit} is not installed on the node: it comes with the NVIDIA driver; install the driver first")
+        unexpected(
+            unit,
+            "not installed on the node (it comes with the NVIDIA driver: install the driver first)",
+        )
     })?;
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let text = std::fs::read_to_string(&file).map_err(HostError::io("read", &file))?;
     let wanted_by: Vec<&str> = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("WantedBy="))
         .flat_map(str::split_whitespace)
         .collect();
     if wanted_by.is_empty() {
-        return Err(format!(
-            "{} has no WantedBy= to enable it by",
-            file.display()
+        return Err(unexpected(
+            &file.display().to_string(),
+            "has no WantedBy= to enable it by",
         ));
     }
     let target = file
@@ -341,14 +344,13 @@ pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), S
         .unwrap_or(file.clone());
     for w in wanted_by {
         let dir = under(root, &format!("/etc/systemd/system/{w}.wants"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(HostError::io("create", &dir))?;
         let link = dir.join(unit);
         let tmp = dir.join(format!(".{unit}.provision-tmp"));
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(&target, &tmp)
             .and_then(|()| std::fs::rename(&tmp, &link))
-            .map_err(|e| format!("cannot enable {unit} ({}): {e}", link.display()))?;
+            .map_err(HostError::io("link", &link))?;
     }
     if root.is_empty() {
         crate::host::run("systemctl", &["daemon-reload".into()], &[])?;
@@ -363,21 +365,31 @@ pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), S
     if ok {
         Ok(())
     } else {
-        Err(format!("{unit} did not take effect (read back: {fact:?})"))
+        Err(unexpected(
+            unit,
+            format!("did not take effect (read back: {fact:?})"),
+        ))
     }
 }
 
 /// Runs the driver installer after checking its sha256, on a real node only. Agent side.
-pub fn install_driver(root: &str, path: &str, sha256: &str, version: &str) -> Result<(), String> {
+pub fn install_driver(
+    root: &str,
+    path: &str,
+    sha256: &str,
+    version: &str,
+) -> Result<(), HostError> {
     if !root.is_empty() {
-        return Err(format!(
-            "the node's root is a stand-in ({root}): a driver cannot be installed there"
+        return Err(unexpected(
+            "the node's root",
+            format!("is a stand-in ({root}): a driver cannot be installed there"),
         ));
     }
     let have = crate::host::sha256_file(Path::new(path))?;
     if !have.eq_ignore_ascii_case(sha256) {
-        return Err(format!(
-            "{path} has sha256 {have}, not the inventory's {sha256}: refusing to run it"
+        return Err(unexpected(
+            path,
+            format!("has sha256 {have}, not the inventory's {sha256}: refusing to run it"),
         ));
     }
     crate::host::run(
@@ -385,9 +397,18 @@ pub fn install_driver(root: &str, path: &str, sha256: &str, version: &str) -> Re
         &[path.into(), "--silent".into(), "--dkms".into()],
         &[],
     )?;
-    Err(format!(
-        "NVIDIA driver {version} is installed; reboot the node, then run apply again to verify the loaded module"
+    Err(unexpected(
+        &format!("NVIDIA driver {version}"),
+        "is installed; reboot the node, then run apply again to verify the loaded module",
     ))
+}
+
+/// A [`HostError::Unexpected`] about `what`.
+fn unexpected(what: &str, detail: impl Into<String>) -> HostError {
+    HostError::Unexpected {
+        what: what.to_string(),
+        detail: detail.into(),
+    }
 }
 
 #[cfg(test)]

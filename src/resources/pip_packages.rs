@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages' desired state.
@@ -233,7 +234,7 @@ pub fn install(
     requirements: &[String],
     editable: bool,
     index: &PipIndex,
-) -> Result<(), String> {
+) -> Result<(), HostError> {
     let mut args: Vec<String> = vec![
         "install".into(),
         "--no-input".into(),

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::host::HostError;
 use crate::inventory::software::normalize_package_name;
 use crate::plan::{Action, Attribute, Change};
 
@@ -75,11 +76,12 @@ pub struct VenvFact {
 }
 
 /// A venv: Python release from `pyvenv.cfg`, distributions from `*.dist-info`.
-pub fn read(path: &Path) -> Result<Option<VenvFact>, String> {
-    let cfg = match fs::read_to_string(path.join("pyvenv.cfg")) {
+pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
+    let cfg_path = path.join("pyvenv.cfg");
+    let cfg = match fs::read_to_string(&cfg_path) {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}/pyvenv.cfg: {e}", path.display())),
+        Err(e) => return Err(HostError::io("read", &cfg_path)(e)),
     };
     let version = cfg
         .lines()
@@ -91,7 +93,7 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, String> {
     let mut packages = BTreeMap::new();
     let mut editable = BTreeMap::new();
     let lib = path.join("lib");
-    let pythons = fs::read_dir(&lib).map_err(|e| format!("cannot read {}: {e}", lib.display()))?;
+    let pythons = fs::read_dir(&lib).map_err(HostError::io("read", &lib))?;
     for py in pythons.flatten() {
         let site = py.path().join("site-packages");
         let Ok(entries) = fs::read_dir(&site) else {
@@ -137,9 +139,9 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, String> {
 }
 
 /// Makes a venv, removing a wrong one first when `replace`.
-pub fn create(path: &str, python: &str, replace: bool) -> Result<(), String> {
+pub fn create(path: &str, python: &str, replace: bool) -> Result<(), HostError> {
     if replace && Path::new(path).exists() {
-        fs::remove_dir_all(path).map_err(|e| format!("cannot remove the old venv {path}: {e}"))?;
+        fs::remove_dir_all(path).map_err(HostError::io("remove the old venv", Path::new(path)))?;
     }
     crate::host::run(
         &format!("python{python}"),

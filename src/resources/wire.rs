@@ -318,7 +318,7 @@ impl Facts {
 
 /// Answers one probe. Errors reading what exists are reported in the fact's absence only
 /// when the thing is truly absent; anything else is an `Err`.
-pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
+pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
     Ok(match probe {
         Probe::Path { path } => Fact::Path(file::path_fact(Path::new(path))?),
         Probe::Packages { names } => Fact::Packages(apt::packages(names)?),
@@ -345,9 +345,25 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, String> {
         )?),
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
-            return Err("Proxmox's own state is read through the node's API, not the agent".into());
+            return Err(AnswerError::NotAnAgentProbe);
         }
     })
+}
+
+/// Why the agent could not answer a probe.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Reading the machine failed.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
+    /// Reading a model folder failed.
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    /// A probe only a node's API answers.
+    #[error(
+        "Proxmox's own state (a container's config, the templates in storage) is read through the node's API, not the agent"
+    )]
+    NotAnAgentProbe,
 }
 
 /// Why a step failed on the target, and what to do about it.
@@ -369,14 +385,20 @@ impl From<String> for StepError {
     }
 }
 
-impl From<crate::agent::deploy::DeployError> for StepError {
-    fn from(e: crate::agent::deploy::DeployError) -> Self {
+impl From<crate::host::HostError> for StepError {
+    fn from(e: crate::host::HostError) -> Self {
         e.to_string().into()
     }
 }
 
-impl From<crate::agent::preflight::PreflightError> for StepError {
-    fn from(e: crate::agent::preflight::PreflightError) -> Self {
+impl From<crate::resources::service::deploy::DeployError> for StepError {
+    fn from(e: crate::resources::service::deploy::DeployError) -> Self {
+        e.to_string().into()
+    }
+}
+
+impl From<crate::resources::service::preflight::PreflightError> for StepError {
+    fn from(e: crate::resources::service::preflight::PreflightError) -> Self {
         e.to_string().into()
     }
 }
@@ -441,7 +463,7 @@ pub enum Step {
     Preflight(Box<super::service::ServiceSpec>),
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
-    DeployService(Box<crate::agent::deploy::Deploy>),
+    DeployService(Box<crate::resources::service::deploy::Deploy>),
     /// Bring the node's ZFS dataset for the model storage into place (import, create,
     /// set properties, mount), never destroying or hiding data.
     Zfs(model_storage::ZfsStep),
@@ -522,10 +544,14 @@ impl Step {
     pub fn run(&self) -> Result<Option<serde_json::Value>, StepError> {
         let done = match self {
             Step::DeployService(d) => {
-                return Ok(serde_json::to_value(crate::agent::deploy::deploy(d)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::deploy::deploy(d)?).ok(),
+                );
             }
             Step::Preflight(s) => {
-                return Ok(serde_json::to_value(crate::agent::preflight::preflight(s)?).ok());
+                return Ok(
+                    serde_json::to_value(crate::resources::service::preflight::preflight(s)?).ok(),
+                );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::WriteFile {

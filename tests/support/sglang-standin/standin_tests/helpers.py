@@ -15,7 +15,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
-PREFLIGHT = os.path.join(ROOT, "..", "..", "..", "src", "agent", "sglang_preflight.py")
+PREFLIGHT = os.path.join(ROOT, "..", "..", "..", "src", "resources", "service", "sglang_preflight.py")
 
 # The ExecStart of the seeds' first unit (Qwen3.5-122B-A10B, TP=4, MTP), minus
 # the two flags whose absence crashed it; the model path is filled in per test.

@@ -1,4 +1,4 @@
-"""Argument handling of the stand-in, driven through src/agent/sglang_preflight.py (the
+"""Argument handling of the stand-in, driven through src/resources/service/sglang_preflight.py (the
 same script the provisioner's preflight runs against the real SGLang).
 
 Expected messages are the real ones, recorded from sglang==0.5.10 and

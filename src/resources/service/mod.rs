@@ -3,20 +3,23 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+pub mod deploy;
+pub mod preflight;
+pub mod sglang_rules;
+
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::agent::deploy::{Deploy, loaded_argv, loaded_differences_of};
-use crate::agent::preflight::Preflight;
-use crate::agent::sglang_rules::{Finding, release, release_rules};
 use crate::health::Readiness;
 use crate::health::process::value_digest;
 use crate::inventory::Pos;
 use crate::plan::{Action, Attribute, Change};
 use crate::render::systemd::{assignments, split_shown};
+use deploy::{Deploy, loaded_argv, loaded_differences_of};
+use preflight::Preflight;
+use sglang_rules::{Finding, release, release_rules};
 
 /// A service, the one description of it: built once in Rust from the inventory (or written
 /// by a role), shown in the plan, diffed against what runs, carried by the deploy step, and
@@ -412,25 +415,8 @@ pub const UNIT_PROPERTIES: &[&str] = &[
 ];
 
 /// A unit's state from `systemctl show`; `None` when systemd does not know it.
-pub fn read_unit(name: &str) -> Result<Option<UnitFact>, String> {
-    let out = Command::new("systemctl")
-        .arg("show")
-        .arg(format!("--property={}", UNIT_PROPERTIES.join(",")))
-        .arg("--")
-        .arg(name)
-        .output()
-        .map_err(|e| format!("cannot run systemctl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "systemctl show {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let properties: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+pub fn read_unit(name: &str) -> Result<Option<UnitFact>, crate::host::HostError> {
+    let properties = crate::host::systemctl_show(name, UNIT_PROPERTIES)?;
     if properties.get("LoadState").map(String::as_str) == Some("not-found") {
         return Ok(None);
     }

@@ -9,11 +9,11 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+use super::ServiceSpec;
 use crate::health::Verdict;
 use crate::health::watch::{journal_cursor, unit_properties, watch};
 use crate::host::write_file_atomic;
 use crate::render::systemd::{assignments, split_shown};
-use crate::resources::service::ServiceSpec;
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";
@@ -68,8 +68,8 @@ pub enum DeployError {
         source: std::io::Error,
     },
     /// A unit file could not be written.
-    #[error("{0}")]
-    Write(String),
+    #[error(transparent)]
+    Write(crate::host::HostError),
     /// systemd loaded something else than was written; the last good unit was restored.
     #[error("systemd did not load what was written to {unit_path}:\n  {}\n  {restored}", .differences.join("\n  "))]
     NotLoaded {

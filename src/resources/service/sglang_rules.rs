@@ -3,7 +3,7 @@
 //! line refuses or runs worse with. Pure: the plan runs them on what it read, the preflight
 //! on the target before a restart.
 
-use crate::resources::service::ServiceSpec;
+use super::ServiceSpec;
 
 /// Long options of SGLang's server parser on the 0.5.10 line (up to 0.5.13), recorded
 /// from the real release.

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::ServiceSpec;
 use super::sglang_rules::{Finding, release, release_rules, server_args};
-use crate::resources::service::ServiceSpec;
 
 /// The script that runs SGLang's parser without launching a server.
 const PARSER_SCRIPT: &str = include_str!("sglang_preflight.py");
