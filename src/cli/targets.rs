@@ -12,7 +12,7 @@ use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
-use crate::node::target::{NodeReader, NodeWriter};
+use crate::node::host::{NodeReader, NodeWriter};
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
 use crate::proxmox::{ApiSettings, NodeApi};

@@ -5,7 +5,7 @@
 pub mod bootstrap;
 pub mod config_edit;
 pub mod gpu;
-pub mod target;
+pub mod host;
 
 use crate::transport::TransportError;
 
