@@ -29,7 +29,8 @@ const VMID: u32 = 9291;
 const IP_HOST: u32 = 241;
 const PORT: u16 = 30000;
 
-/// A small server of the user's own that answers `/v1/models` with the model's name once
+/// A small server of the user's own that answers `/v1/models` with the model's name (and
+/// `/health`, which the gate also asks) once
 /// the model's files are on `/shared`: the service the health gate waits for.
 const SERVER: &str = r#"import http.server, json, os, sys
 path, name = sys.argv[1], sys.argv[2]
@@ -38,7 +39,7 @@ if not os.path.isfile(os.path.join(path, "config.json")):
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode()
-        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_response(200 if self.path in ("/v1/models", "/health") else 404)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
         self.wfile.write(body)
