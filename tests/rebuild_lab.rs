@@ -255,6 +255,20 @@ fn reinstall(lab: &LabEnv) -> LabEnv {
             cmd.env(k, v);
         }
     }
+    // The ports are settings of `up`, not exports: the same ones again.
+    let port = |url: &str| {
+        url.trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    cmd.env("LAB_API_PORT", port(&lab.vars["PVE_URL"]))
+        .env("LAB_SSH_PORT", port(&lab.vars["PVE_NODE_SSH"]))
+        .env(
+            "LAB_MIRROR_PORT",
+            port(lab.vars["LAB_MIRROR_URL"].trim_end_matches('/')),
+        );
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
