@@ -19,6 +19,8 @@ pub use nccl::{NcclOptions, NcclOutcome, NcclRun, run_preflight};
 pub use passthrough::{PassthroughError, node_gpu_view, passthrough_lines};
 
 /// Parses a GPU named on the command line: an index (`0`) or a UUID (`GPU-…`).
-pub fn parse_gpu_selector(s: &str) -> Result<crate::inventory::container::GpuSelector, String> {
+pub fn parse_gpu_selector(
+    s: &str,
+) -> Result<crate::inventory::container::GpuSelector, crate::inventory::text::ValueError> {
     crate::inventory::container::GpuSelector::parse(s)
 }

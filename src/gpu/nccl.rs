@@ -446,7 +446,7 @@ enum RankEvent {
 
 /// Reads the launcher's stdout: the start line, if any, and the verdict (pure: the tests
 /// feed it what the device machines printed). Lines without the prefix are ignored.
-pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), String> {
+pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), LauncherOutput> {
     let mut start = None;
     let mut verdict = None;
     for line in stdout.lines() {
@@ -454,7 +454,10 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
             continue;
         };
         let event: RankEvent =
-            serde_json::from_str(json).map_err(|e| format!("bad launcher line `{line}`: {e}"))?;
+            serde_json::from_str(json).map_err(|source| LauncherOutput::BadLine {
+                line: line.to_string(),
+                source,
+            })?;
         let outcome = match event {
             RankEvent::Start(s) => {
                 start = Some(s);
@@ -500,9 +503,24 @@ pub fn parse_events(stdout: &str) -> Result<(Option<NcclStart>, NcclOutcome), St
         };
         verdict = Some(outcome);
     }
-    verdict
-        .map(|v| (start, v))
-        .ok_or_else(|| "no verdict line".to_string())
+    verdict.map(|v| (start, v)).ok_or(LauncherOutput::NoVerdict)
+}
+
+/// Why the launcher's stdout holds no verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherOutput {
+    /// A line with the prefix that is not an event.
+    #[error("bad launcher line `{line}`: {source}")]
+    BadLine {
+        /// The line.
+        line: String,
+        /// Why it is not an event.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// No line said how the run ended.
+    #[error("no verdict line")]
+    NoVerdict,
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use super::node::SshTarget;
 use super::service::Service;
 use super::software::{Cuda, HfModel, MlEnv};
 use super::spanned::Sp;
+use super::text::ValueError;
 use super::text::{AbsPath, Name, Text};
 use super::units::Size;
 
@@ -184,7 +185,9 @@ fn default_nic_name() -> Sp<Name> {
 }
 
 /// An interface's IPv4 configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde_with::DeserializeFromStr, serde_with::SerializeDisplay,
+)]
 pub enum IpConfig {
     /// Address and prefix length.
     Static(Ipv4Addr, u8),
@@ -202,36 +205,32 @@ impl fmt::Display for IpConfig {
 }
 
 impl IpConfig {
-    fn parse(s: &str) -> Result<Self, String> {
+    fn parse(s: &str) -> Result<Self, ValueError> {
         if s == "dhcp" {
             return Ok(IpConfig::Dhcp);
         }
-        let hint = "\nhint: write ADDRESS/PREFIX, e.g. `10.1.230.174/24`, or `dhcp`";
+        let bad = |message: String| {
+            ValueError::new(message).hint("write ADDRESS/PREFIX, e.g. `192.0.2.10/24`, or `dhcp`")
+        };
         let (addr, prefix) = s
             .split_once('/')
-            .ok_or_else(|| format!("`{s}` has no prefix length{hint}"))?;
+            .ok_or_else(|| bad(format!("`{s}` has no prefix length")))?;
         let addr: Ipv4Addr = addr
             .parse()
-            .map_err(|_| format!("`{addr}` is not an IPv4 address{hint}"))?;
+            .map_err(|_| bad(format!("`{addr}` is not an IPv4 address")))?;
         let prefix: u8 = prefix
             .parse()
             .ok()
             .filter(|p| *p <= 32)
-            .ok_or_else(|| format!("`{prefix}` is not a prefix length (0 to 32){hint}"))?;
+            .ok_or_else(|| bad(format!("`{prefix}` is not a prefix length (0 to 32)")))?;
         Ok(IpConfig::Static(addr, prefix))
     }
 }
 
-impl<'de> Deserialize<'de> for IpConfig {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        IpConfig::parse(&s).map_err(de::Error::custom)
-    }
-}
-
-impl Serialize for IpConfig {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+impl std::str::FromStr for IpConfig {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
+        IpConfig::parse(s)
     }
 }
 
@@ -248,7 +247,9 @@ impl JsonSchema for IpConfig {
 }
 
 /// An IPv4 address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde_with::DeserializeFromStr, serde_with::SerializeDisplay,
+)]
 pub struct Ipv4(pub Ipv4Addr);
 
 impl fmt::Display for Ipv4 {
@@ -257,18 +258,12 @@ impl fmt::Display for Ipv4 {
     }
 }
 
-impl<'de> Deserialize<'de> for Ipv4 {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
+impl std::str::FromStr for Ipv4 {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         s.parse()
             .map(Ipv4)
-            .map_err(|_| de::Error::custom(format!("`{s}` is not an IPv4 address")))
-    }
-}
-
-impl Serialize for Ipv4 {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+            .map_err(|_| ValueError::new(format!("`{s}` is not an IPv4 address")))
     }
 }
 
@@ -345,7 +340,7 @@ impl fmt::Display for GpuSelector {
 impl GpuSelector {
     /// Parses `0` (an index) or `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (a UUID), as
     /// written on command lines.
-    pub fn parse(s: &str) -> Result<GpuSelector, String> {
+    pub fn parse(s: &str) -> Result<GpuSelector, ValueError> {
         let s = s.trim();
         match s.parse::<u32>() {
             Ok(i) => Ok(GpuSelector::Index(i)),
@@ -354,7 +349,7 @@ impl GpuSelector {
     }
 }
 
-fn parse_gpu_uuid(s: &str) -> Result<GpuSelector, String> {
+fn parse_gpu_uuid(s: &str) -> Result<GpuSelector, ValueError> {
     let hex = s.strip_prefix("GPU-").unwrap_or("");
     let groups: Vec<&str> = hex.split('-').collect();
     let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
@@ -365,9 +360,7 @@ fn parse_gpu_uuid(s: &str) -> Result<GpuSelector, String> {
     {
         Ok(GpuSelector::Uuid(s.to_string()))
     } else {
-        Err(format!(
-            "`{s}` is neither a GPU index nor a GPU UUID\nhint: use the index or the UUID that `nvidia-smi -L` prints, e.g. `0` or `GPU-5a3c2b1e-...`"
-        ))
+        Err(ValueError::new(format!("`{s}` is neither a GPU index nor a GPU UUID")).hint("use the index or the UUID that `nvidia-smi -L` prints, e.g. `0` or `GPU-5a3c2b1e-...`"))
     }
 }
 

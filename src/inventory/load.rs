@@ -245,13 +245,13 @@ fn to_diagnostic(path: &Path, source: &str, err: &serde_saphyr::Error) -> Diagno
             &mut width,
         ),
     };
-    // Our own value checks put hints after a "\nhint: " separator (see inventory::text).
     if message.starts_with("unclosed") || message.starts_with("unexpected end") {
         hints.push("the file ends in the middle of a value; is it truncated?".into());
     }
-    let mut parts = message.split("\nhint: ");
-    let head = parts.next().unwrap_or("").to_string();
-    hints.splice(0..0, parts.map(str::to_string));
+    // Our own value checks carry their hints inside serde's text (see `text::ValueError`).
+    let value = super::text::ValueError::from_message(&message);
+    let head = value.message;
+    hints.splice(0..0, value.hints);
     let mut diag = Diagnostic::new(head.clone());
     if let Some(loc) = err.location().filter(|l| l.line() > 0) {
         let mut loc = SourceLocation::new(

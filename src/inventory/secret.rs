@@ -10,7 +10,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::text::{EnvName, LocalPath};
+use super::text::{EnvName, LocalPath, ValueError};
 
 /// The start of the error for a secret written inline; the loader also hides the source
 /// line of such an error, since that line holds the secret.
@@ -134,9 +134,7 @@ impl<'de> Deserialize<'de> for SecretRef {
             }
             // Any scalar here is a secret written inline. The message must not repeat it.
             fn visit_str<E: de::Error>(self, _: &str) -> Result<SecretRef, E> {
-                Err(E::custom(format!(
-                    "{INLINE_SECRET_ERROR}\nhint: reference it instead: `{{ env: PVE_TOKEN }}` or `{{ file: ~/.config/provision/token }}`"
-                )))
+                Err(E::custom(ValueError::new(INLINE_SECRET_ERROR).hint("reference it instead: `{ env: PVE_TOKEN }` or `{ file: ~/.config/provision/token }`")))
             }
             fn visit_u64<E: de::Error>(self, _: u64) -> Result<SecretRef, E> {
                 self.visit_str("")
@@ -147,21 +145,24 @@ impl<'de> Deserialize<'de> for SecretRef {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SecretRef, A::Error> {
                 let key: String = map.next_key()?.ok_or_else(|| {
                     de::Error::custom(
-                        "empty secret reference\nhint: write `{ env: VAR }` or `{ file: PATH }`",
+                        ValueError::new("empty secret reference")
+                            .hint("write `{ env: VAR }` or `{ file: PATH }`"),
                     )
                 })?;
                 let value = match key.as_str() {
                     "env" => SecretRef::Env(map.next_value()?),
                     "file" => SecretRef::File(map.next_value()?),
                     other => {
-                        return Err(de::Error::custom(format!(
-                            "unknown secret source `{other}`\nhint: use `env` or `file`"
-                        )));
+                        return Err(de::Error::custom(
+                            ValueError::new(format!("unknown secret source `{other}`"))
+                                .hint("use `env` or `file`"),
+                        ));
                     }
                 };
                 if map.next_key::<String>()?.is_some() {
                     return Err(de::Error::custom(
-                        "a secret reference names exactly one source\nhint: keep either `env` or `file`",
+                        ValueError::new("a secret reference names exactly one source")
+                            .hint("keep either `env` or `file`"),
                     ));
                 }
                 Ok(value)

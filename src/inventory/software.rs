@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::secret::SecretRef;
 use super::spanned::Sp;
-use super::text::{AbsPath, Name, Text};
+use super::text::{AbsPath, Name, Text, ValueError};
 
 /// A version written `MAJOR.MINOR` (`"13.0"`, `"3.12"`). It must be quoted in YAML:
 /// unquoted, `3.10` would read as the number 3.1.
@@ -31,15 +31,17 @@ impl fmt::Display for Version {
 
 impl Version {
     /// Parses `13.0`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
         let (a, b) = s.split_once('.').ok_or_else(|| {
-            format!("`{s}` is not a MAJOR.MINOR version\nhint: write e.g. \"13.0\"")
+            ValueError::new(format!("`{s}` is not a MAJOR.MINOR version"))
+                .hint("write e.g. \"13.0\"")
         })?;
         match (a.parse(), b.parse()) {
             (Ok(major), Ok(minor)) if !b.contains('.') => Ok(Version { major, minor }),
-            _ => Err(format!(
-                "`{s}` is not a MAJOR.MINOR version\nhint: write e.g. \"13.0\""
-            )),
+            _ => Err(
+                ValueError::new(format!("`{s}` is not a MAJOR.MINOR version"))
+                    .hint("write e.g. \"13.0\""),
+            ),
         }
     }
 }
@@ -56,14 +58,18 @@ impl<'de> Deserialize<'de> for Version {
                 Version::parse(s).map_err(E::custom)
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Version, E> {
-                Err(E::custom(format!(
-                    "this version was read as the number {v}, which loses trailing zeros\nhint: quote it: \"{v}\""
-                )))
+                Err(E::custom(
+                    ValueError::new(format!(
+                        "this version was read as the number {v}, which loses trailing zeros"
+                    ))
+                    .hint(format!("quote it: \"{v}\"")),
+                ))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Version, E> {
-                Err(E::custom(format!(
-                    "`{v}` is not a MAJOR.MINOR version\nhint: write it quoted with a minor part, e.g. \"{v}.0\""
-                )))
+                Err(E::custom(
+                    ValueError::new(format!("`{v}` is not a MAJOR.MINOR version"))
+                        .hint(format!("write it quoted with a minor part, e.g. \"{v}.0\"")),
+                ))
             }
         }
         d.deserialize_any(V)
@@ -122,7 +128,9 @@ impl Cuda {
 
 /// A Python package pinned to one version: `name==version` (extras allowed:
 /// `sglang[all]==0.5.10`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, serde_with::DeserializeFromStr, serde_with::SerializeDisplay,
+)]
 pub struct Pinned {
     /// The name as written (with extras).
     pub name: String,
@@ -186,13 +194,13 @@ impl fmt::Display for Pinned {
     }
 }
 
-impl<'de> Deserialize<'de> for Pinned {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
+impl FromStr for Pinned {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let bad = |why: &str| {
-            de::Error::custom(format!(
-                "`{s}` {why}\nhint: pin an exact version, e.g. `torch==2.9.1`, so the environment is reproducible"
-            ))
+            ValueError::new(format!("`{s}` {why}")).hint(
+                "pin an exact version, e.g. `torch==2.9.1`, so the environment is reproducible",
+            )
         };
         let (name, version) = s.split_once("==").ok_or_else(|| bad("is not pinned"))?;
         let name_ok = !name.is_empty()
@@ -208,19 +216,13 @@ impl<'de> Deserialize<'de> for Pinned {
         }
         // The pip resource reads it as PEP 508: refuse here, at the inventory's line, what
         // it would refuse later at the role's (found by fuzzing: `numpy==2.q.3`).
-        if let Err(e) = parse_pep508(&s) {
+        if let Err(e) = parse_pep508(s) {
             return Err(bad(&format!("is not a PEP 508 requirement: {e}")));
         }
         Ok(Pinned {
             name: name.to_string(),
             version: version.to_string(),
         })
-    }
-}
-
-impl Serialize for Pinned {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
     }
 }
 

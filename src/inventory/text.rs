@@ -1,13 +1,12 @@
 //! String types that check themselves while the inventory is parsed, so a bad value is
 //! reported with its position and can never reach a command line or a unit file.
 //!
-//! An error message may carry hints after a `\nhint: ` separator; the loader splits them off.
+//! A refused value is a [`ValueError`]: its message and hints, as data.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Describes the first control character in `s`, if any (newline, tab, escape, NUL ...).
 pub fn control_char(s: &str) -> Option<String> {
@@ -20,11 +19,64 @@ pub fn control_char(s: &str) -> Option<String> {
     })
 }
 
-fn no_control(s: &str) -> Result<(), String> {
+/// Why a value in the inventory is refused: a message and what to do about it.
+///
+/// serde carries a value's error only as text (`de::Error::custom`), so `Display` writes
+/// each hint after a `\nhint: ` separator and [`ValueError::from_message`] reads them back
+/// where the loader turns the error into a diagnostic; the separator exists only here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueError {
+    /// What is wrong.
+    pub message: String,
+    /// What to do about it.
+    pub hints: Vec<String>,
+}
+
+const HINT_SEPARATOR: &str = "\nhint: ";
+
+impl ValueError {
+    /// An error without hints.
+    pub fn new(message: impl Into<String>) -> Self {
+        ValueError {
+            message: message.into(),
+            hints: Vec::new(),
+        }
+    }
+
+    /// Adds a hint.
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hints.push(hint.into());
+        self
+    }
+
+    /// The error a message written by `Display` (and carried through serde) came from.
+    pub fn from_message(text: &str) -> Self {
+        let mut parts = text.split(HINT_SEPARATOR);
+        ValueError {
+            message: parts.next().unwrap_or_default().to_string(),
+            hints: parts.map(str::to_string).collect(),
+        }
+    }
+}
+
+impl fmt::Display for ValueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        for h in &self.hints {
+            write!(f, "{HINT_SEPARATOR}{h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ValueError {}
+
+fn no_control(s: &str) -> Result<(), ValueError> {
     match control_char(s) {
-        Some(what) => Err(format!(
-            "this value contains {what}, which would reach a command line or a unit file\nhint: write it on one line, without control characters"
-        )),
+        Some(what) => Err(ValueError::new(format!(
+            "this value contains {what}, which would reach a command line or a unit file"
+        ))
+        .hint("write it on one line, without control characters")),
         None => Ok(()),
     }
 }
@@ -33,12 +85,13 @@ macro_rules! checked_string {
     ($(#[$doc:meta])* $name:ident, $schema_desc:expr, $pattern:expr, $check:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(serde_with::DeserializeFromStr, serde_with::SerializeDisplay)]
         pub struct $name(String);
 
         impl $name {
             /// Checks `s` and wraps it.
-            pub fn parse(s: &str) -> Result<Self, String> {
-                let check: fn(&str) -> Result<(), String> = $check;
+            pub fn parse(s: &str) -> Result<Self, ValueError> {
+                let check: fn(&str) -> Result<(), ValueError> = $check;
                 no_control(s)?;
                 check(s)?;
                 Ok($name(s.to_string()))
@@ -68,16 +121,10 @@ macro_rules! checked_string {
             }
         }
 
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                $name::parse(&s).map_err(serde::de::Error::custom)
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(&self.0)
+        impl std::str::FromStr for $name {
+            type Err = ValueError;
+            fn from_str(s: &str) -> Result<Self, ValueError> {
+                $name::parse(s)
             }
         }
 
@@ -119,9 +166,7 @@ checked_string!(
         if ok && s.len() <= 128 {
             Ok(())
         } else {
-            Err(format!(
-                "`{s}` is not a valid name\nhint: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128)"
-            ))
+            Err(ValueError::new(format!("`{s}` is not a valid name")).hint("use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 128)"))
         }
     }
 );
@@ -133,21 +178,20 @@ checked_string!(
     Some("^/"),
     |s| {
         if !s.starts_with('/') {
-            return Err(format!(
-                "`{s}` is a relative path; paths on a target must be absolute\nhint: write it from the root, e.g. `/{}`",
+            return Err(ValueError::new(format!(
+                "`{s}` is a relative path; paths on a target must be absolute"
+            ))
+            .hint(format!(
+                "write it from the root, e.g. `/{}`",
                 s.trim_start_matches("./")
-            ));
+            )));
         }
         if s.split('/').any(|part| part == ".." || part == ".") {
-            return Err(format!(
-                "`{s}` contains `.` or `..`\nhint: write the path without `.` and `..` components"
-            ));
+            return Err(ValueError::new(format!("`{s}` contains `.` or `..`")).hint("write the path without `.` and `..` components"));
         }
         if s.len() > 1 && (s.ends_with('/') || s.contains("//")) {
-            return Err(format!(
-                "`{s}` is not normalised\nhint: write `{}`",
-                normalise(s)
-            ));
+            return Err(ValueError::new(format!("`{s}` is not normalised"))
+                .hint(format!("write `{}`", normalise(s))));
         }
         Ok(())
     }
@@ -182,7 +226,7 @@ checked_string!(
     LocalPath,
     "A path on the machine running provision, relative to the inventory file or starting with ~/.",
     None,
-    |s| if s.is_empty() { Err("the path is empty".into()) } else { Ok(()) }
+    |s| if s.is_empty() { Err(ValueError::new("the path is empty")) } else { Ok(()) }
 );
 
 checked_string!(
@@ -197,9 +241,7 @@ checked_string!(
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "`{s}` is not a valid environment variable name\nhint: use letters, digits and '_', e.g. SGLANG_ENABLE_SPEC_V2"
-            ))
+            Err(ValueError::new(format!("`{s}` is not a valid environment variable name")).hint("use letters, digits and '_', e.g. SGLANG_ENABLE_SPEC_V2"))
         }
     }
 );
@@ -216,9 +258,7 @@ checked_string!(
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "`{s}` is not a systemd directive name\nhint: directives are written as systemd.exec(5) spells them, e.g. LimitMEMLOCK"
-            ))
+            Err(ValueError::new(format!("`{s}` is not a systemd directive name")).hint("directives are written as systemd.exec(5) spells them, e.g. LimitMEMLOCK"))
         }
     }
 );
@@ -235,7 +275,7 @@ checked_string!(
         if ok {
             Ok(())
         } else {
-            Err(format!("`{s}` is not a host name or IP address"))
+            Err(ValueError::new(format!("`{s}` is not a host name or IP address")))
         }
     }
 );
@@ -248,10 +288,30 @@ mod tests {
     fn abs_path_rules() {
         assert!(AbsPath::parse("/shared/models").is_ok());
         assert!(AbsPath::parse("/").is_ok());
-        assert!(AbsPath::parse("shared").unwrap_err().contains("relative"));
-        assert!(AbsPath::parse("/a/../b").unwrap_err().contains(".."));
-        assert!(AbsPath::parse("/a//b").unwrap_err().contains("`/a/b`"));
-        assert!(AbsPath::parse("/a/\nb").unwrap_err().contains("newline"));
+        assert!(
+            AbsPath::parse("shared")
+                .unwrap_err()
+                .to_string()
+                .contains("relative")
+        );
+        assert!(
+            AbsPath::parse("/a/../b")
+                .unwrap_err()
+                .to_string()
+                .contains("..")
+        );
+        assert!(
+            AbsPath::parse("/a//b")
+                .unwrap_err()
+                .to_string()
+                .contains("`/a/b`")
+        );
+        assert!(
+            AbsPath::parse("/a/\nb")
+                .unwrap_err()
+                .to_string()
+                .contains("newline")
+        );
     }
 
     #[test]
@@ -269,7 +329,12 @@ mod tests {
         assert!(Name::parse("a b").is_err());
         assert!(EnvName::parse("SGLANG_ENABLE_SPEC_V2").is_ok());
         assert!(EnvName::parse("1X").is_err());
-        assert!(Text::parse("a\u{1b}[2J").unwrap_err().contains("U+001B"));
+        assert!(
+            Text::parse("a\u{1b}[2J")
+                .unwrap_err()
+                .to_string()
+                .contains("U+001B")
+        );
         assert!(Host::parse("10.1.2.6").is_ok());
         assert!(Host::parse("-oProxyCommand=x").is_err());
     }

@@ -7,6 +7,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::text::ValueError;
+
 const KIB: u64 = 1024;
 
 /// A size in bytes, written with a binary unit: `512M`, `256G`, `1T` (also `256GiB`, `256GB`;
@@ -46,7 +48,7 @@ impl Size {
     }
 
     /// Parses `256G`, `512MiB`, `1.5T`, `0`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
         let t = s.trim();
         if t == "0" {
             return Ok(Size(0));
@@ -54,7 +56,8 @@ impl Size {
         let split = t
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(|| {
-                format!("`{s}` has no unit\nhint: write a unit: `{t}M` for MiB or `{t}G` for GiB")
+                ValueError::new(format!("`{s}` has no unit"))
+                    .hint(format!("write a unit: `{t}M` for MiB or `{t}G` for GiB"))
             })?;
         let (num, unit) = t.split_at(split);
         let mult = match unit.trim() {
@@ -63,17 +66,19 @@ impl Size {
             "G" | "GiB" | "GB" => KIB * KIB * KIB,
             "T" | "TiB" | "TB" => KIB * KIB * KIB * KIB,
             other => {
-                return Err(format!(
-                    "unknown size unit `{other}` in `{s}`\nhint: use K, M, G or T (powers of 1024), e.g. `256G`"
-                ));
+                return Err(
+                    ValueError::new(format!("unknown size unit `{other}` in `{s}`"))
+                        .hint("use K, M, G or T (powers of 1024), e.g. `256G`"),
+                );
             }
         };
         let value: f64 = num.parse().map_err(|_| {
-            format!("`{s}` is not a size\nhint: write a number and a unit, e.g. `256G`")
+            ValueError::new(format!("`{s}` is not a size"))
+                .hint("write a number and a unit, e.g. `256G`")
         })?;
         let bytes = value * mult as f64;
         if !bytes.is_finite() || bytes > u64::MAX as f64 / 2.0 {
-            return Err(format!("`{s}` is too large"));
+            return Err(ValueError::new(format!("`{s}` is too large")));
         }
         Ok(Size(bytes.round() as u64))
     }
@@ -114,9 +119,10 @@ impl<'de> Deserialize<'de> for Size {
                 if v == 0 {
                     Ok(Size(0))
                 } else {
-                    Err(E::custom(format!(
-                        "`{v}` has no unit\nhint: write a unit: `{v}M` for MiB or `{v}G` for GiB"
-                    )))
+                    Err(E::custom(
+                        ValueError::new(format!("`{v}` has no unit"))
+                            .hint(format!("write a unit: `{v}M` for MiB or `{v}G` for GiB")),
+                    ))
                 }
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
@@ -127,9 +133,10 @@ impl<'de> Deserialize<'de> for Size {
                 }
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Size, E> {
-                Err(E::custom(format!(
-                    "`{v}` has no unit\nhint: write a unit, e.g. `{v}G`"
-                )))
+                Err(E::custom(
+                    ValueError::new(format!("`{v}` has no unit"))
+                        .hint(format!("write a unit, e.g. `{v}G`")),
+                ))
             }
         }
         d.deserialize_any(V)
@@ -198,12 +205,13 @@ impl TimeSpan {
     }
 
     /// Parses `10s`, `5m`, `5min`, `2h`, `500ms`, `30`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let n: u64 = num.parse().map_err(|_| {
-            format!("`{s}` is not a time span\nhint: write a number and a unit, e.g. `10s` or `5m`")
+            ValueError::new(format!("`{s}` is not a time span"))
+                .hint("write a number and a unit, e.g. `10s` or `5m`")
         })?;
         let mult = match unit.trim() {
             "ms" => 1,
@@ -211,14 +219,15 @@ impl TimeSpan {
             "m" | "min" => 60_000,
             "h" => 3_600_000,
             other => {
-                return Err(format!(
-                    "unknown time unit `{other}` in `{s}`\nhint: use ms, s, m (or min) or h, e.g. `10s`"
-                ));
+                return Err(
+                    ValueError::new(format!("unknown time unit `{other}` in `{s}`"))
+                        .hint("use ms, s, m (or min) or h, e.g. `10s`"),
+                );
             }
         };
         n.checked_mul(mult)
             .map(TimeSpan)
-            .ok_or_else(|| format!("`{s}` is too long"))
+            .ok_or_else(|| ValueError::new(format!("`{s}` is too long")))
     }
 }
 
@@ -299,8 +308,13 @@ mod tests {
         assert_eq!(Size::parse("1.5T").unwrap().gib_text(), "1536");
         assert_eq!(Size::parse("512M").unwrap().gib_text(), "0.5");
         assert_eq!(Size::parse("0").unwrap().bytes(), 0);
-        assert!(Size::parse("256").unwrap_err().contains("256G"));
-        assert!(Size::parse("3Q").unwrap_err().contains("unknown size unit"));
+        assert!(Size::parse("256").unwrap_err().to_string().contains("256G"));
+        assert!(
+            Size::parse("3Q")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown size unit")
+        );
         assert_eq!(Size::parse("256G").unwrap().to_string(), "256G");
     }
 

@@ -63,7 +63,7 @@ impl RawConfig {
     pub fn parse(path: &str, text: String) -> Result<Self, NodeError> {
         let conf = CtConfig::parse(&text).map_err(|detail| NodeError::BadConfig {
             path: path.to_string(),
-            detail,
+            detail: detail.into(),
         })?;
         Ok(RawConfig { text, conf })
     }

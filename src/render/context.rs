@@ -13,9 +13,6 @@ use crate::inventory::node::Node;
 use crate::inventory::secret::{SecretRef, resolve_local};
 use crate::inventory::text::Name;
 
-/// The Hugging Face Hub, when a model names no endpoint.
-pub const DEFAULT_HF_ENDPOINT: &str = "https://huggingface.co";
-
 /// What the node says about its GPUs, when it has been read (not in an offline plan).
 #[derive(Debug, Clone, Default)]
 pub struct NodeGpuView {
@@ -112,7 +109,7 @@ pub fn container_context(
                 "exclude": m.exclude.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
                 "path": m.path.to_string(),
                 "parent": parent,
-                "endpoint": m.endpoint.as_ref().map_or(DEFAULT_HF_ENDPOINT.to_string(), |e| e.to_string()),
+                "endpoint": m.endpoint.as_ref().map_or(crate::hub::DEFAULT_ENDPOINT.to_string(), |e| e.to_string()),
                 // File references are made absolute here: the token is read at apply time.
                 "token": m.token.as_ref().map(|t| match &t.value {
                     SecretRef::File(p) => json!({"file": resolve_local(p, base_dir).display().to_string()}),

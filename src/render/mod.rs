@@ -150,10 +150,12 @@ impl Renderer {
     }
 
     /// Renders an inline template string (role fields).
-    pub fn render_str(&self, template: &str, ctx: &Value) -> Result<String, String> {
-        self.hb
-            .render_template(template, ctx)
-            .map_err(|e| e.to_string())
+    pub fn render_str(
+        &self,
+        template: &str,
+        ctx: &Value,
+    ) -> Result<String, handlebars::RenderError> {
+        self.hb.render_template(template, ctx)
     }
 }
 

@@ -336,9 +336,20 @@ impl Role {
     }
 }
 
+/// Why a role's field could not be rendered.
+#[derive(Debug, thiserror::Error)]
+enum FieldError {
+    /// A `{{path}}` that names nothing.
+    #[error("`{0}` is not in the context")]
+    NotInContext(String),
+    /// The template engine refused the text.
+    #[error(transparent)]
+    Template(#[from] handlebars::RenderError),
+}
+
 /// Renders every string in `v`. A string that is exactly one `{{path}}` takes the value at
 /// that path as it is (a list, a number, null), so roles can pass lists through.
-fn render_value(v: &Value, scope: &Value, renderer: &Renderer) -> Result<Value, String> {
+fn render_value(v: &Value, scope: &Value, renderer: &Renderer) -> Result<Value, FieldError> {
     match v {
         Value::String(s) => {
             let t = s.trim();
@@ -352,10 +363,10 @@ fn render_value(v: &Value, scope: &Value, renderer: &Renderer) -> Result<Value, 
                 {
                     return lookup(scope, path)
                         .cloned()
-                        .ok_or_else(|| format!("`{path}` is not in the context"));
+                        .ok_or_else(|| FieldError::NotInContext(path.to_string()));
                 }
             }
-            renderer.render_str(s, scope).map(Value::String)
+            Ok(Value::String(renderer.render_str(s, scope)?))
         }
         Value::Array(a) => a
             .iter()

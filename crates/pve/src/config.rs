@@ -83,7 +83,7 @@ enum Target {
 
 impl CtConfig {
     /// Parses a config file; lines it cannot read are reported as errors.
-    pub fn parse(raw: &str) -> Result<CtConfig, String> {
+    pub fn parse(raw: &str) -> Result<CtConfig, crate::error::Invalid> {
         let mut conf = CtConfig {
             digest: digest(raw),
             ..Default::default()
@@ -121,14 +121,20 @@ impl CtConfig {
                     (Some(c), Some(e)) if e < c => (&line[..e], &line[e + 1..]),
                     (Some(c), _) => (&line[..c], &line[c + 1..]),
                     (None, Some(e)) => (&line[..e], &line[e + 1..]),
-                    (None, None) => return Err(format!("unable to parse config: {line}")),
+                    (None, None) => {
+                        return Err(crate::error::Invalid(format!(
+                            "unable to parse config: {line}"
+                        )));
+                    }
                 };
                 sect.lxc
                     .push((key.trim().to_string(), value.trim().to_string()));
                 continue;
             }
             let Some((key, value)) = line.split_once(':') else {
-                return Err(format!("unable to parse config: {line}"));
+                return Err(crate::error::Invalid(format!(
+                    "unable to parse config: {line}"
+                )));
             };
             let key = key.trim();
             let value = value.trim();
@@ -139,7 +145,9 @@ impl CtConfig {
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
                 || value.is_empty()
             {
-                return Err(format!("unable to parse config: {line}"));
+                return Err(crate::error::Invalid(format!(
+                    "unable to parse config: {line}"
+                )));
             }
             if key == "description" {
                 descr.push_str(&decode_text(value));

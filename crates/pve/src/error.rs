@@ -78,3 +78,15 @@ impl From<std::io::Error> for ApiError {
         ApiError::die(e.to_string())
     }
 }
+
+/// A value Proxmox would refuse, worded as Proxmox words it (`invalid format - ...`,
+/// `type check ('integer') failed - ...`), so the lab can answer with the same text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl From<Invalid> for String {
+    fn from(e: Invalid) -> String {
+        e.0
+    }
+}

@@ -31,7 +31,7 @@ pub fn to_json(key: &str, value: &str) -> Value {
 
 /// The type check Proxmox makes on an option's value (kept here so the lab checks the common
 /// options even when the official schema is not available).
-pub fn check_type(key: &str, value: &str) -> Result<(), String> {
+pub fn check_type(key: &str, value: &str) -> Result<(), crate::error::Invalid> {
     let ok = if INTEGER.contains(&key) {
         value.trim().parse::<i64>().is_ok()
     } else if BOOLEAN.contains(&key) {
@@ -51,7 +51,9 @@ pub fn check_type(key: &str, value: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("type check ('{ty}') failed - got '{value}'"))
+        Err(crate::error::Invalid(format!(
+            "type check ('{ty}') failed - got '{value}'"
+        )))
     }
 }
 
@@ -61,7 +63,7 @@ pub fn check_types(
 ) -> Result<(), crate::error::ApiError> {
     let errors: std::collections::BTreeMap<String, String> = opts
         .iter()
-        .filter_map(|(k, v)| check_type(k, v).err().map(|e| (k.clone(), e)))
+        .filter_map(|(k, v)| check_type(k, v).err().map(|e| (k.clone(), e.0)))
         .collect();
     if errors.is_empty() {
         Ok(())

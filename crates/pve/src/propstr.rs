@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::Invalid;
+
 /// The shape of one property-string option.
 #[derive(Debug, Clone, Copy)]
 pub struct Format {
@@ -116,7 +118,7 @@ pub fn format_of(key: &str) -> Option<Format> {
 }
 
 /// Parses a property string; errors read as Proxmox's (`invalid format - ...`).
-pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> {
+pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, Invalid> {
     let mut res = BTreeMap::new();
     // Blank parts are skipped, as Proxmox's `next if $part =~ /^\s*$/`.
     for part in s.split(',').filter(|p| !p.trim().is_empty()) {
@@ -125,28 +127,28 @@ pub fn parse(fmt: &Format, s: &str) -> Result<BTreeMap<String, String>, String> 
             None => match fmt.default_key {
                 Some(d) => (d.to_string(), part.to_string()),
                 None => {
-                    return Err(
+                    return Err(Invalid(
                         "value without key, but schema does not define a default key\n".to_string(),
-                    );
+                    ));
                 }
             },
         };
         if !fmt.keys.contains(&k.as_str()) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "invalid format - format error\n{k}: property is not defined in schema and the schema does not allow additional properties\n"
-            ));
+            )));
         }
         if res.insert(k.clone(), v).is_some() {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "duplicate key in comma-separated list property: {k}\n"
-            ));
+            )));
         }
     }
     for r in fmt.required {
         if !res.contains_key(*r) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "invalid format - format error\n{r}: property is missing and it is not optional\n"
-            ));
+            )));
         }
     }
     Ok(res)
@@ -241,6 +243,7 @@ mod tests {
         assert!(
             parse(&MP, "/srv/shared")
                 .unwrap_err()
+                .0
                 .contains("mp: property is missing")
         );
         assert!(parse(&NET, "name=eth0,colour=red").is_err());

@@ -39,7 +39,7 @@ enum GpuCommand {
 }
 
 fn parse_uuid(s: &str) -> Result<String, String> {
-    match gpu::parse_gpu_selector(s)? {
+    match gpu::parse_gpu_selector(s).map_err(|e| e.to_string())? {
         GpuSelector::Uuid(u) => Ok(u),
         GpuSelector::Index(_) => Err(format!(
             "`{s}` is an index; a guest numbers its GPUs from 0, so name them by UUID (`provision gpu facts` on the node lists them)"

@@ -169,19 +169,21 @@ fn split_jumps(spec: &str) -> Vec<String> {
 
 /// Parses one ProxyJump hop: `[user@]host[:port]`, `[user@][v6addr]:port` or
 /// `ssh://[user@]host[:port]`.
-fn parse_jump(spec: &str) -> Result<(Option<String>, String, Option<u16>), String> {
+fn parse_jump(spec: &str) -> Result<(Option<String>, String, Option<u16>), BadJump> {
     let rest = spec.strip_prefix("ssh://").unwrap_or(spec);
     let (user, rest) = match rest.rsplit_once('@') {
         Some((u, r)) if !u.is_empty() => (Some(u.to_string()), r),
-        Some(_) => return Err("empty user name".into()),
+        Some(_) => return Err(BadJump("empty user name".into())),
         None => (None, rest),
     };
     let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-        let (host, after) = v6.split_once(']').ok_or("unclosed `[`")?;
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| BadJump("unclosed `[`".into()))?;
         match after.strip_prefix(':') {
             Some(p) => (host, Some(p)),
             None if after.is_empty() => (host, None),
-            None => return Err(format!("unexpected `{after}` after `]`")),
+            None => return Err(BadJump(format!("unexpected `{after}` after `]`"))),
         }
     } else {
         match rest.split_once(':') {
@@ -190,18 +192,23 @@ fn parse_jump(spec: &str) -> Result<(Option<String>, String, Option<u16>), Strin
         }
     };
     if host.is_empty() {
-        return Err("no host name".into());
+        return Err(BadJump("no host name".into()));
     }
     let port = port
         .map(|p| {
             p.parse::<u16>()
                 .ok()
                 .filter(|&p| p > 0)
-                .ok_or_else(|| format!("`{p}` is not a port number"))
+                .ok_or_else(|| BadJump(format!("`{p}` is not a port number")))
         })
         .transpose()?;
     Ok((user, host.to_string(), port))
 }
+
+/// Why a ProxyJump hop cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadJump(String);
 
 /// Expands a leading `~/` against the home directory, for paths given in options.
 pub(crate) fn expand_tilde(path: &Path) -> PathBuf {
