@@ -9,12 +9,12 @@ use crate::plan::Action;
 use crate::proxmox::NodeApi;
 use crate::proxmox::container::ContainerError;
 use crate::resources::container::ContainerSpec;
+use crate::resources::pve_lines::PveLinesSpec;
 use crate::resources::wire::{Fact, Facts, Probe, Step};
 
 /// One operation of an apply, by what carries it out.
 ///
-/// Root-only steps on the node (`pct set`, a locked config edit) will be a `Node` variant;
-/// each writer runs the variants it carries and refuses the others.
+/// Each writer runs the variants it carries and refuses the others.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Op {
@@ -22,6 +22,22 @@ pub enum Op {
     Guest(Step),
     /// A call to a node's Proxmox API.
     Api(ApiOp),
+    /// A root-only step on a node, over its SSH as root.
+    Node(NodeOp),
+}
+
+/// A root-only step on a Proxmox node, run over the node's SSH as root.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeOp {
+    /// Brings a container's root-only config lines (`devN`, raw `lxc.*`) to the wanted
+    /// ones: `pct set` for options, the locked atomic edit of `lxc/<vmid>.conf` for raw
+    /// lines, verified by reading the file back.
+    Lines {
+        /// The change's plan address, for messages.
+        address: String,
+        /// The wanted lines and which found lines they own.
+        spec: PveLinesSpec,
+    },
 }
 
 /// An operation through a node's Proxmox API.
@@ -37,6 +53,17 @@ pub enum ApiOp {
         action: Action,
         /// Whether a replace may destroy the container.
         allow_replace: bool,
+        /// Whether the container is started here; `false` when root-only lines are written
+        /// first over node SSH, and [`ApiOp::Start`] follows them.
+        start: bool,
+    },
+    /// Starts a container after its root-only lines were written; reboots it when it
+    /// was already running and `reboot` (the lines only take effect at a start).
+    Start {
+        /// The container.
+        vmid: u64,
+        /// Reboot a running container (`restart: allowed` and its lines changed).
+        reboot: bool,
     },
     /// Have the node download a container template (checksum verified by the node).
     Template {
@@ -58,6 +85,10 @@ impl Op {
                     "download {} ({} checked)",
                     spec.volume, spec.checksum_algorithm
                 )
+            }
+            Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
+            Op::Node(NodeOp::Lines { address, .. }) => {
+                format!("apply {address} over node SSH (pct set / locked config edit)")
             }
         }
     }
@@ -111,6 +142,15 @@ pub enum AccessError {
         #[source]
         source: Box<ContainerError>,
     },
+    /// A root-only step over node SSH failed.
+    #[error("{address} over node SSH failed")]
+    Node {
+        /// The change's plan address.
+        address: String,
+        /// Why.
+        #[source]
+        source: Box<crate::node::NodeError>,
+    },
     /// A probe or operation this access cannot carry.
     #[error("{target} cannot carry {what}")]
     Unsupported {
@@ -127,12 +167,37 @@ pub enum AccessError {
 pub struct ApiTarget {
     api: Arc<NodeApi>,
     specs: Vec<ContainerSpec>,
+    seen: Option<SeenContainers>,
+    cluster: bool,
 }
+
+/// The node's containers as the last read listed them: vmid → running. Shared so that
+/// the guest of a container that is not there (yet) is planned without a connection.
+pub type SeenContainers = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>;
 
 impl ApiTarget {
     /// Access to containers of the node behind `api`, declared as `specs`.
     pub fn new(api: Arc<NodeApi>, specs: Vec<ContainerSpec>) -> Self {
-        ApiTarget { api, specs }
+        ApiTarget {
+            api,
+            specs,
+            seen: None,
+            cluster: false,
+        }
+    }
+
+    /// Records every listing it reads in `seen`.
+    pub fn recording(mut self, seen: SeenContainers) -> Self {
+        self.seen = Some(seen);
+        self
+    }
+
+    /// The node is a member of a cluster: a container is looked for on every node (one
+    /// `/cluster/resources` call), and one found on another node than declared is read
+    /// there and marked misplaced.
+    pub fn in_cluster(mut self, cluster: bool) -> Self {
+        self.cluster = cluster;
+        self
     }
 }
 
@@ -153,6 +218,18 @@ impl TargetReader for ApiTarget {
             .version()
             .map_err(|e| boxed(ContainerError::from(e)))?;
         let listing = container::list(&self.api).map_err(|e| boxed(ContainerError::from(e)))?;
+        if let Some(seen) = &self.seen
+            && let Ok(mut seen) = seen.lock()
+        {
+            *seen = listing.iter().map(|(id, (_, r))| (*id, *r)).collect();
+        }
+        let placed = match self.cluster {
+            true => Some(
+                crate::proxmox::cluster::containers(&self.api)
+                    .map_err(|e| boxed(ContainerError::from(e)))?,
+            ),
+            false => None,
+        };
         let mut out = HashMap::new();
         for p in probes {
             let Probe::PveContainer { vmid } = p else {
@@ -161,6 +238,15 @@ impl TargetReader for ApiTarget {
                     what: format!("{p:?}"),
                 });
             };
+            if let Some(at) = placed.as_ref().and_then(|p| p.get(vmid))
+                && at.node != self.api.node
+            {
+                let mut fact = container::read_on(&self.api, &at.node, *vmid, at.running)
+                    .map_err(|e| boxed(ContainerError::from(e)))?;
+                fact.misplaced = Some((at.node.clone(), self.api.node.clone()));
+                out.insert(p.clone(), Fact::PveContainer(Some(fact)));
+                continue;
+            }
             let fact = match self.specs.iter().find(|c| c.vmid == *vmid) {
                 Some(spec) => container::read_for(&self.api, spec, &listing).map_err(boxed)?,
                 None => match listing.get(vmid) {
@@ -183,18 +269,6 @@ impl TargetWriter for ApiTarget {
     fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
         let mut results = Vec::new();
         for op in ops {
-            let Op::Api(ApiOp::Container {
-                address,
-                spec,
-                action,
-                allow_replace,
-            }) = op
-            else {
-                return Err(AccessError::Unsupported {
-                    target: self.describe(),
-                    what: op.describe(),
-                });
-            };
             let mut log = |what: &str, took: std::time::Duration| {
                 results.push(OpOutcome {
                     description: what.to_string(),
@@ -204,12 +278,54 @@ impl TargetWriter for ApiTarget {
                     millis: took.as_millis() as u64,
                 });
             };
-            crate::proxmox::container::apply(&self.api, spec, *action, *allow_replace, &mut log)
-                .map_err(|source| AccessError::Apply {
-                    address: address.clone(),
-                    source: Box::new(source),
-                })?;
+            let (address, done) = match op {
+                Op::Api(ApiOp::Container {
+                    address,
+                    spec,
+                    action,
+                    allow_replace,
+                    start,
+                }) => (
+                    address.clone(),
+                    crate::proxmox::container::apply(
+                        &self.api,
+                        spec,
+                        *action,
+                        *allow_replace,
+                        *start,
+                        &mut log,
+                    ),
+                ),
+                Op::Api(ApiOp::Start { vmid, reboot }) => (
+                    format!("CT {vmid}"),
+                    crate::proxmox::container::start(&self.api, *vmid, *reboot, &mut log),
+                ),
+                _ => {
+                    return Err(AccessError::Unsupported {
+                        target: self.describe(),
+                        what: op.describe(),
+                    });
+                }
+            };
+            done.map_err(|source| AccessError::Apply {
+                address,
+                source: Box::new(source),
+            })?;
         }
         Ok(results)
+    }
+}
+
+/// The empty world: every probe answered as absent. The guest of a container that is not
+/// there yet is planned against it (everything to create), as `--offline` plans.
+pub struct EmptyWorld;
+
+impl TargetReader for EmptyWorld {
+    fn describe(&self) -> String {
+        "a guest that does not exist yet".into()
+    }
+
+    fn read(&self, _: &[Probe]) -> Result<Facts, AccessError> {
+        Ok(Facts::Empty)
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use provision::access::{TargetReader, TargetWriter};
 use provision::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use provision::engine::online::{apply, plan};
+use provision::engine::schedule::Limits;
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};
 use provision::resources::ResourceSpec;
@@ -99,9 +100,10 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, false, &mut |_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
+    .whole()
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
     assert_eq!(p.summary.create, 3, "{p:#?}");
@@ -110,9 +112,10 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, false, &mut |_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
+    .whole()
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
@@ -121,8 +124,9 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let outcomes = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
@@ -137,18 +141,20 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, false, &mut |_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
+    .whole()
     .unwrap();
     assert!(!p.summary.has_changes(), "{p:#?}");
     assert_eq!(p.summary.unchanged, 3);
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, false, &mut |_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
+    .whole()
     .unwrap();
     let c = &p.targets[0].changes;
     assert_eq!(c.len(), 1);
@@ -164,8 +170,9 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap();
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
@@ -181,15 +188,17 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, false, &mut |_| {
+    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
+    .whole()
     .unwrap();
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| Ok(writer(&t, &agent_dir)),
-        &mut |_, _| {},
+        &Limits::default(),
+        &|_| Ok(writer(&t, &agent_dir)),
+        &|_, _| {},
     )
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
@@ -210,15 +219,16 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
     )))
     .unwrap();
     let p = provision::engine::offline_plan("llm-two", &prepared.desired);
-    let mut connected = false;
+    let connected = std::sync::atomic::AtomicBool::new(false);
     let err = apply(
         &p,
         Default::default(),
-        &mut |_| {
-            connected = true;
+        &Limits::default(),
+        &|_| {
+            connected.store(true, std::sync::atomic::Ordering::SeqCst);
             anyhow::bail!("must not connect")
         },
-        &mut |_, _| {},
+        &|_, _| {},
     )
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
@@ -226,7 +236,7 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
         text.contains("cannot be applied yet; nothing was changed"),
         "{text}"
     );
-    assert!(!connected);
+    assert!(!connected.load(std::sync::atomic::Ordering::SeqCst));
 }
 
 /// A second provision version: the same program with other bytes, so another sha256.
@@ -267,11 +277,12 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         let bin = bin.clone();
         let t = t.clone();
         let dir = agent_dir.clone();
-        plan("inv.yaml", &want, false, &mut move |_| {
+        plan("inv.yaml", &want, false, &Limits::default(), &move |_| {
             Ok(Box::new(
                 AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
             ))
         })
+        .whole()
         .unwrap()
     };
     read_with(&a);
@@ -297,12 +308,13 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         apply(
             p,
             Default::default(),
-            &mut |_| {
+            &Limits::default(),
+            &|_| {
                 Ok(Box::new(
                     AgentWriter::new(t.clone(), b.clone()).with_dir(agent_dir.to_str().unwrap()),
                 ))
             },
-            &mut |_, _| {},
+            &|_, _| {},
         )
         .unwrap()
     };

@@ -496,6 +496,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         vmid: g.ct.vmid.into(),
         label: "gpu-passthrough".into(),
         lines: lines.iter().map(|(k, v)| format!("{k}: {v}")).collect(),
+        owner: None,
     };
     let facts = |raw: &config_edit::RawConfig| {
         let probe = Probe::PveContainer {

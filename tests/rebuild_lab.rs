@@ -279,7 +279,6 @@ fn reinstall(lab: &LabEnv) -> LabEnv {
 }
 
 #[test]
-#[ignore = "needs the Proxmox side of apply (branch pxapply): run with --ignored once it is merged"]
 fn rebuild_after_a_host_reinstall_fetches_no_model_bytes() {
     let lab = LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)");
     let ip: IpAddr = lab.vars["LAB_BRIDGE_CIDR"]

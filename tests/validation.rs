@@ -506,3 +506,27 @@ fn addresses_and_ssh_rules() {
     let e = broken(&format!("    ssh:\n{host}\n"), "    ssh:\n");
     assert!(e.contains("has no `ssh.host`"), "{e}");
 }
+
+#[test]
+fn duplicate_vmid_in_a_cluster() {
+    let other = "  pve2:\n    cluster: lab\n    api: { url: https://10.1.2.6:8006, node: pve2, token: { env: PVE_TOKEN }, tls: { ca_file: pve-root-ca.pem } }\n    ssh: { host: 10.1.2.6 }\n    containers:\n      llm-three:\n        vmid: 129\n        template: local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst\n        cores: 2\n        memory: 2G\n        rootfs: { storage: local-zfs, size: 8G }\n        network:\n          - { bridge: vmbr0, ip: 10.1.230.175/24 }\n";
+    let clustered = LLM_TWO.replacen("  pve:\n", &format!("{other}  pve:\n    cluster: lab\n"), 1);
+    let e = check(&clustered).unwrap_err();
+    assert!(
+        e.contains(
+            "vmid 129 is also container `llm-three`'s on node `pve2`, in the same cluster `lab`"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("hint: vmids are unique in a Proxmox cluster"),
+        "{e}"
+    );
+    // Nodes outside a cluster may reuse a vmid: each node has its own.
+    let apart = LLM_TWO.replacen(
+        "  pve:\n",
+        &format!("{}  pve:\n", other.replace("    cluster: lab\n", "")),
+        1,
+    );
+    check(&apart).unwrap();
+}

@@ -321,6 +321,7 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
     Ok(vec![
         v("PVE_URL", format!("https://127.0.0.1:{}", lab.api_port)),
         v("PVE_NODE", lab.node.clone()),
+        v("LAB_CLUSTER_NODES", lab.cluster_nodes.join(",")),
         v("PVE_TOKEN", secrets.root_token()),
         v("PVE_FINGERPRINT", fp.trim().to_string()),
         v("PVE_ROOT_PASSWORD", secrets.root_password.clone()),
@@ -505,7 +506,6 @@ pub fn reinstall(exe: &Path) -> Result<Vec<(String, String)>> {
 
 /// A human summary of the lab's state.
 pub fn status(lab: &Settings) -> String {
-    let node = crate::node::Node::new(lab.clone());
     let mut out = format!(
         "lab dir: {}\napi server: {}\nnode sshd: {}\nbridge {}: {}\n",
         lab.dir.display(),
@@ -522,13 +522,20 @@ pub fn status(lab: &Settings) -> String {
             "absent"
         },
     );
-    for vmid in node.list() {
-        let state = if node.is_running(vmid) {
-            "running"
-        } else {
-            "stopped"
-        };
-        out.push_str(&format!("CT {vmid}: {state}\n"));
+    let cluster = !lab.cluster_nodes.is_empty();
+    for member in lab.members() {
+        let node = crate::node::Node::new(member);
+        for vmid in node.list() {
+            let state = if node.is_running(vmid) {
+                "running"
+            } else {
+                "stopped"
+            };
+            match cluster {
+                true => out.push_str(&format!("CT {vmid} on {}: {state}\n", node.lab.node)),
+                false => out.push_str(&format!("CT {vmid}: {state}\n")),
+            }
+        }
     }
     out
 }

@@ -45,6 +45,10 @@ pub struct Settings {
     /// on the same host sets another (at most 4 characters) so equal vmids do not collide.
     #[serde(default = "default_veth_prefix")]
     pub veth_prefix: String,
+    /// Cluster mode: the other nodes of a cluster this API also answers for (each with its
+    /// own configs and real containers; vmids unique across them). Empty: one node.
+    #[serde(default)]
+    pub cluster_nodes: Vec<String>,
 }
 
 fn default_veth_prefix() -> String {
@@ -88,11 +92,29 @@ impl Settings {
         if !valid(&veth_prefix) {
             bail!("LAB_VETH_PREFIX={veth_prefix} must be 1 to 4 letters or digits");
         }
+        let node = env_or("LAB_NODE", "lab");
+        let cluster_nodes: Vec<String> = env_or("LAB_CLUSTER_NODES", "")
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        for n in &cluster_nodes {
+            let ok = n.len() <= 63
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !n.starts_with('-');
+            if !ok || *n == node {
+                bail!(
+                    "LAB_CLUSTER_NODES: `{n}` is not a node name (letters, digits, `-`) other than LAB_NODE"
+                );
+            }
+        }
         let schema = std::env::var_os("LAB_PVE_SCHEMA")
             .map(PathBuf::from)
             .filter(|p| p.exists());
         let s = Settings {
-            node: env_or("LAB_NODE", "lab"),
+            node,
+            cluster_nodes,
             bridge: env_or("LAB_BRIDGE", "vmbr0"),
             bridge_cidr: env_or("LAB_BRIDGE_CIDR", "10.77.0.1/24"),
             api_port: env_port("LAB_API_PORT", 8006)?,
@@ -158,6 +180,21 @@ impl Settings {
         self.bridge_net()
             .map(|(ip, _)| ip)
             .unwrap_or(Ipv4Addr::new(10, 77, 0, 1))
+    }
+
+    /// Every node the API answers for, this one first: the others are these settings
+    /// under another node name (configs in `nodes/<name>/lxc`; all else shared, which is
+    /// sound because vmids are unique cluster-wide).
+    pub fn members(&self) -> Vec<Settings> {
+        let mut out = vec![self.clone()];
+        for n in &self.cluster_nodes {
+            out.push(Settings {
+                node: n.clone(),
+                cluster_nodes: Vec::new(),
+                ..self.clone()
+            });
+        }
+        out
     }
 
     /// Node config root, the lab's `/etc/pve`.

@@ -234,10 +234,11 @@ impl LabEnv {
             .unwrap_or("")
             .to_string();
         let template = self.var("LAB_TEMPLATE")?.to_string();
+        let node = spec.node.clone().unwrap_or_else(|| self.node().to_string());
         let guard = ALLOC.lock().unwrap_or_else(|e| e.into_inner());
         let mut chosen = None;
         for vmid in VMID_BASE..VMID_BASE + VMID_SLOTS {
-            let conf = format!("etc/pve/nodes/{}/lxc/{vmid}.conf", self.node());
+            let conf = format!("etc/pve/nodes/{node}/lxc/{vmid}.conf");
             if self.dir().join(conf).exists() || self.taken_elsewhere(vmid) {
                 continue;
             }
@@ -271,7 +272,7 @@ impl LabEnv {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            match api.call("POST", &format!("/nodes/{}/lxc", self.node()), &refs) {
+            match api.call("POST", &format!("/nodes/{node}/lxc"), &refs) {
                 Ok(upid) => {
                     chosen = Some((vmid, ip, upid.as_str().unwrap_or("").to_string()));
                     break;
@@ -287,12 +288,13 @@ impl LabEnv {
             ip,
             ssh_port: 22,
             key: self.key_path(),
+            node: node.clone(),
             lab: self.clone(),
             api,
         };
         let exit = ct
             .api
-            .wait_task(self.node(), &upid, Duration::from_secs(120))
+            .wait_task(&node, &upid, Duration::from_secs(120))
             .map_err(|e| anyhow!("{e}"))?;
         if exit != "OK" {
             bail!("creating CT {vmid} failed: {exit}");
@@ -353,6 +355,8 @@ pub struct ContainerSpec {
     pub start: bool,
     /// Wait for SSH after start.
     pub wait_ssh: bool,
+    /// The node to create it on, in cluster mode (default: the lab's `PVE_NODE`).
+    pub node: Option<String>,
 }
 
 impl Default for ContainerSpec {
@@ -366,6 +370,7 @@ impl Default for ContainerSpec {
             extra: Vec::new(),
             start: true,
             wait_ssh: true,
+            node: None,
         }
     }
 }
@@ -381,6 +386,8 @@ pub struct TestContainer {
     pub ssh_port: u16,
     /// Private key that logs in as root.
     pub key: PathBuf,
+    /// The node it is on.
+    pub node: String,
     lab: LabEnv,
     api: PveClient,
 }
@@ -483,7 +490,7 @@ impl TestContainer {
     }
 
     fn destroy_now(&self) -> Result<()> {
-        let node = self.lab.node().to_string();
+        let node = self.node.clone();
         let base = format!("/nodes/{node}/lxc/{}", self.vmid);
         if let Ok(upid) = self.api.call("POST", &format!("{base}/status/stop"), &[]) {
             let _ = self

@@ -528,3 +528,51 @@ fn faults_fail_the_next_matching_calls() {
         "TASK ERROR: unexpected status 502"
     );
 }
+
+#[test]
+fn every_node_of_the_cluster_is_listed_and_reached() {
+    // One node outside cluster mode; LAB_NODE and LAB_CLUSTER_NODES in it.
+    let mut want: Vec<String> = vec![lab().node().to_string()];
+    want.extend(
+        lab()
+            .vars
+            .get("LAB_CLUSTER_NODES")
+            .into_iter()
+            .flat_map(|n| n.split(','))
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
+    );
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["type"] == "node")
+            .map(|n| n["node"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&api().call("GET", "/nodes", &[]).unwrap()), want);
+    let resources = api()
+        .call("GET", "/cluster/resources", &[("type", "node")])
+        .unwrap();
+    assert_eq!(names(&resources), want);
+    for node in &want {
+        assert!(
+            api()
+                .call("GET", &format!("/nodes/{node}/lxc"), &[])
+                .is_ok()
+        );
+    }
+    let e = api().call("GET", "/nodes/nosuch/lxc", &[]).unwrap_err();
+    assert!(
+        e.message.contains("hostname lookup 'nosuch' failed"),
+        "{e:?}"
+    );
+    // Every container the cluster lists sits on one of its nodes.
+    let vms = api()
+        .call("GET", "/cluster/resources", &[("type", "vm")])
+        .unwrap();
+    for vm in vms.as_array().unwrap() {
+        assert_eq!(vm["type"], "lxc");
+        assert!(want.iter().any(|n| vm["node"] == n.as_str()), "{vm}");
+    }
+}

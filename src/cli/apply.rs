@@ -98,7 +98,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         .targets
         .iter()
         .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
-    let mut conns = Connections::new(&loaded, &target_args, binary, printer);
+    let conns = Connections::new(&loaded, &target_args, binary, printer);
     let green = printer.style_err(Style::new().green());
     let red = printer.style_err(Style::new().red().bold());
     let outcomes = online::apply(
@@ -109,8 +109,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             install_driver: args.install_driver,
             saved,
         },
-        &mut |target| conns.writer(target),
-        &mut |target, step| {
+        &args.targets.limits(),
+        &|target| conns.writer(target),
+        &|target, step| {
             let mark = if step.error.is_none() {
                 green.apply_to("done")
             } else {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::plan::{print_plan, read_plan};
+use super::plan::{print_read, read_targets};
 use super::targets::TargetArgs;
 use super::{ExitStatus, prepare};
 use crate::printer::Printer;
@@ -25,13 +25,16 @@ pub struct CheckArgs {
 /// read contexts, so it cannot change anything.
 pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let plan = read_plan(
+    let read = read_targets(
         &args.inventory.display().to_string(),
         prepared,
         &args.targets,
         printer,
     )?;
-    print_plan(&plan, args.json, printer)?;
+    // The drift of every target read is shown even when others could not be read; then
+    // the exit code says error (1) over drift (2).
+    print_read(&read, args.json, printer)?;
+    let plan = read.whole()?;
     Ok(if plan.summary.has_changes() {
         ExitStatus::Changes
     } else {

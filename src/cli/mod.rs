@@ -5,6 +5,7 @@ pub mod agent;
 pub mod apply;
 pub mod check;
 pub mod gpu;
+pub mod guest;
 pub mod model;
 pub mod node;
 pub mod plan;

@@ -2,18 +2,27 @@
 //! the GPUs of nodes whose containers pass GPUs through.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::Prepared;
 use super::ssh::node_transport;
+use super::targets::Connections;
 use super::targets::TargetArgs;
-use crate::diagnostic::Diagnostics;
+use crate::diagnostic::{Diagnostic, Diagnostics};
+use crate::engine::DesiredTarget;
 use crate::engine::desired::desired_state;
 use crate::gpu::passthrough_lines;
+use crate::inventory::Loaded;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
+use crate::node::gpu_check;
 use crate::plan::Target;
+use crate::plan::{Action, Attribute, Change, Plan};
 use crate::printer::Printer;
+use crate::resources::Resource;
 use crate::resources::ResourceSpec;
+use crate::resources::pve_lines::is_dev_key;
+use crate::transport::Transport;
 
 /// The desired state with the passthrough lines of every selected GPU container rendered
 /// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
@@ -22,7 +31,8 @@ pub fn with_live_gpus(
     prepared: Prepared,
     targets: &TargetArgs,
     printer: &Printer,
-) -> anyhow::Result<Prepared> {
+) -> anyhow::Result<(Prepared, LiveNodes)> {
+    let mut live = LiveNodes::new();
     let loaded = &prepared.loaded;
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
     // The container's target as `--target` spells it (its guest's name selects the
@@ -45,6 +55,13 @@ pub fn with_live_gpus(
             .filter_map(|(name, ct)| Some((name, ct.gpus.as_ref()?)))
             .collect();
         if with_gpus.is_empty() {
+            continue;
+        }
+        if node.ssh.host.is_none() {
+            // The plan then names the lines that cannot be written (`refuse_root_only`).
+            printer.warn(&format!(
+                "node {node_name} has no SSH: its GPUs cannot be read; passthrough lines use the offline assumption"
+            ));
             continue;
         }
         printer.status(&format!("reading the GPUs of node {node_name}"));
@@ -70,10 +87,11 @@ pub fn with_live_gpus(
                 .into());
             }
         }
+        live.insert(node_name.to_string(), (transport, gpus.clone()));
         read.insert(node_name.to_string(), gpus);
     }
     if read.is_empty() {
-        return Ok(prepared);
+        return Ok((prepared, live));
     }
     let mut desired = desired_state(loaded, &prepared.library, &|n| {
         read.get(n).map(NodeGpus::view)
@@ -91,8 +109,134 @@ pub fn with_live_gpus(
             }
         }
     }
-    Ok(Prepared {
-        desired,
-        ..prepared
-    })
+    Ok((
+        Prepared {
+            desired,
+            ..prepared
+        },
+        live,
+    ))
+}
+
+/// The node sessions that read GPU facts, with what they read, by node name.
+pub type LiveNodes = HashMap<String, (Arc<dyn Transport>, NodeGpus)>;
+
+/// The GPU checks inside every running container whose passthrough lines are as
+/// declared (one `pct exec` over the node session that read the facts): a container that
+/// does not see exactly its GPUs (lines written while it ran, a driver reloaded under it)
+/// is drift of its passthrough lines, planned as such (apply writes nothing new and
+/// restarts it when `restart: allowed`).
+pub fn gpu_checks(
+    plan: Plan,
+    desired: &[DesiredTarget],
+    live: &LiveNodes,
+    running: &dyn Fn(&str, u64) -> bool,
+    printer: &Printer,
+) -> anyhow::Result<Plan> {
+    let mut targets = plan.targets;
+    for t in &mut targets {
+        let Target::Container { node, vmid, .. } = &t.target else {
+            continue;
+        };
+        let Some((session, gpus)) = live.get(node) else {
+            continue;
+        };
+        if t.changes
+            .iter()
+            .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+            || !running(node, *vmid)
+        {
+            continue;
+        }
+        let Some(d) = desired.iter().find(|d| d.target == t.target) else {
+            continue;
+        };
+        for r in &d.resources {
+            let ResourceSpec::PveLines(spec) = &r.spec else {
+                continue;
+            };
+            let want = gpu_check::expected(gpus, spec);
+            let view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
+            printer.status(&format!("{}: GPUs: {}", t.target.heading(), view.summary));
+            if view.drift.is_empty() {
+                continue;
+            }
+            t.unchanged = t.unchanged.saturating_sub(1);
+            t.changes.push(Change {
+                address: d.address(&r.spec),
+                kind: "pve_lines".into(),
+                name: spec.name(),
+                action: Action::Update,
+                role: r.role.clone(),
+                attributes: view
+                    .drift
+                    .iter()
+                    .map(|line| Attribute::change("in the container", Some(line.clone()), Some("as declared".into())))
+                    .collect(),
+                diff: None,
+                reasons: vec![format!(
+                    "the config has the lines but the running container does not see its GPUs as declared: they take effect at a start; apply restarts CT {vmid} only with `restart: allowed`"
+                )],
+                warnings: Vec::new(),
+                spec: r.spec.clone(),
+            });
+        }
+    }
+    Ok(Plan::new(&plan.inventory, plan.mode, targets))
+}
+
+/// Refuses, before anything changes, a plan whose root-only lines cannot run: their node
+/// has no SSH (a token, even root's, cannot write `devN` or raw `lxc.*` lines, and raw
+/// lines cannot be written through the API at all), or `devN` entries on a node older
+/// than Proxmox VE 8.1.
+pub fn refuse_root_only(
+    plan: &Plan,
+    loaded: &Loaded,
+    conns: &Connections<'_>,
+) -> anyhow::Result<()> {
+    let mut blocked = Vec::new();
+    for t in &plan.targets {
+        let Target::Container { node, .. } = &t.target else {
+            continue;
+        };
+        let Some(inv) = loaded.inventory.nodes.get(node.as_str()) else {
+            continue;
+        };
+        for c in &t.changes {
+            let ResourceSpec::PveLines(spec) = &c.spec else {
+                continue;
+            };
+            if inv.ssh.host.is_none() {
+                let keys: Vec<String> = c.attributes.iter().map(|a| a.name.clone()).collect();
+                blocked.push(format!(
+                    "{}: {} root-only line(s) ({}) need node `{node}`'s SSH as root, which the inventory does not give",
+                    c.address,
+                    keys.len(),
+                    keys.join(", ")
+                ));
+            } else if spec.pairs().iter().any(|(k, _)| is_dev_key(k)) {
+                let version = conns.node(node)?.version()?;
+                if !version.has_dev_passthrough() {
+                    blocked.push(format!(
+                        "{}: `devN` entries need Proxmox VE 8.1 or later; node `{node}` runs {}",
+                        c.address, version.version
+                    ));
+                }
+            }
+        }
+    }
+    if blocked.is_empty() {
+        return Ok(());
+    }
+    let mut d = Diagnostic::new(format!(
+        "{} step(s) of this plan cannot run; nothing was changed",
+        blocked.len()
+    ));
+    for b in blocked {
+        d = d.cause(b);
+    }
+    Err(d
+        .hint("give the node `ssh: { host: ..., identity_file: ... }` (root): root-only lines are written over it; an API token or a root@pam ticket cannot write raw `lxc.*` lines")
+        .hint("on a node older than 8.1, use `gpus: { method: lxc }` (classic lxc.* lines) instead of `dev`")
+        .into())
 }

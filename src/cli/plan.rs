@@ -38,18 +38,24 @@ pub struct PlanArgs {
 /// Runs `provision plan`.
 pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let plan = if args.offline {
+    let read = if args.offline {
         let desired = select(prepared.desired, &args.targets)?;
-        offline_plan(&args.inventory.display().to_string(), &desired)
+        online::PartialPlan {
+            plan: offline_plan(&args.inventory.display().to_string(), &desired),
+            failures: Vec::new(),
+        }
     } else {
-        read_plan(
+        read_targets(
             &args.inventory.display().to_string(),
             prepared,
             &args.targets,
             printer,
         )?
     };
-    print_plan(&plan, args.json, printer)?;
+    // The targets that were read are shown even when others could not be; a plan that
+    // misses some is an error and is not saved.
+    print_read(&read, args.json, printer)?;
+    let plan = read.whole()?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
         printer.status(&format!(
@@ -64,25 +70,58 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// Reads the selected targets and plans against them. Only reads: no write path exists
-/// from here.
+/// Reads the selected targets and plans against them; an error when any target could not
+/// be read. Only reads: no write path exists from here.
 pub fn read_plan(
     inventory: &str,
     prepared: Prepared,
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Plan> {
-    let prepared = super::node::with_live_gpus(prepared, targets, printer)?;
+    read_targets(inventory, prepared, targets, printer)?.whole()
+}
+
+/// Reads the selected targets, concurrently as `--parallelism` allows, and plans against
+/// those that could be read; the others are returned with their errors.
+pub fn read_targets(
+    inventory: &str,
+    prepared: Prepared,
+    targets: &TargetArgs,
+    printer: &Printer,
+) -> anyhow::Result<online::PartialPlan> {
+    if targets.migrate {
+        return Err(crate::diagnostic::Diagnostic::new(
+            "--migrate: moving a container between the nodes of a cluster is not built yet; nothing was read or changed",
+        )
+        .hint(crate::resources::container::MIGRATE_NOT_BUILT)
+        .into());
+    }
+    let (prepared, live) = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
-    let mut conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
-    let plan = online::plan(inventory, &desired, targets.verify_full, &mut |d| {
-        printer.status(&format!("reading {}", d.target.heading()));
-        conns.reader(d)
-    })?;
+    let read = online::plan(
+        inventory,
+        &desired,
+        targets.verify_full,
+        &targets.limits(),
+        &|d| {
+            printer.status(&format!("reading {}", d.target.heading()));
+            conns.reader(d)
+        },
+    );
+    let mut read = read;
+    super::node::refuse_root_only(&read.plan, &prepared.loaded, &conns)?;
+    read.plan = super::node::gpu_checks(
+        read.plan,
+        &desired,
+        &live,
+        &|n, v| conns.running(n, v),
+        printer,
+    )?;
     conns.report_calls();
-    Ok(plan)
+    Ok(read)
 }
 
 /// Writes `plan` to `path` atomically (a temp file beside it, then a rename).
@@ -96,6 +135,20 @@ fn save_plan(plan: &Plan, path: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written.with_context(|| format!("cannot save the plan as {}", path.display()))
+}
+
+/// Prints the plan of the targets read; when some could not be, "no changes" is not
+/// claimed for them (the error that follows names them).
+pub fn print_read(read: &online::PartialPlan, json: bool, printer: &Printer) -> anyhow::Result<()> {
+    if read.failures.is_empty() || json || read.plan.summary.has_changes() {
+        return print_plan(&read.plan, json, printer);
+    }
+    printer.result(&format!(
+        "No changes in the {} target(s) read; {} could not be read (below).\n",
+        read.plan.targets.len(),
+        read.failures.len()
+    ));
+    Ok(())
 }
 
 /// Prints a plan for people, or as JSON.

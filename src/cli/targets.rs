@@ -3,21 +3,29 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use clap::Args;
+use clap::builder::TypedValueParser;
 
-use crate::access::{ApiTarget, TargetReader, TargetWriter};
+use std::collections::BTreeSet;
+
+use super::guest;
+use crate::access::{ApiTarget, SeenContainers, TargetReader, TargetWriter};
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
+use crate::engine::schedule::{self, Limits};
 use crate::inventory::Loaded;
 use crate::node::host::{NodeReader, NodeWriter};
+use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
+use crate::plan::Action;
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
 use crate::proxmox::{ApiSettings, NodeApi};
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
+use crate::resources::container::RestartPolicy;
 use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
@@ -43,6 +51,35 @@ pub struct TargetArgs {
     /// (warned about on every run).
     #[arg(long)]
     pub insecure: bool,
+    /// How many targets are read or changed at once (containers on different nodes,
+    /// guests of different containers); 1 works through them one by one.
+    #[arg(long, value_name = "N", default_value_t = schedule::DEFAULT_PARALLELISM,
+          value_parser = clap::value_parser!(u16).range(1..=256).map(usize::from))]
+    pub parallelism: usize,
+    /// How many containers of one Proxmox node are read or changed at once (the node
+    /// serializes config locks and storage tasks anyway).
+    #[arg(long, value_name = "N", default_value_t = schedule::DEFAULT_PER_NODE,
+          value_parser = clap::value_parser!(u16).range(1..=64).map(usize::from))]
+    pub per_node: usize,
+    /// Stop starting targets after the first one fails (those running finish); without
+    /// it every target is tried and the summary covers all.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// Plan moving a container found on another node of its cluster than declared back to
+    /// its declared node. Not built yet: refused with a message saying so.
+    #[arg(long)]
+    pub migrate: bool,
+}
+
+impl TargetArgs {
+    /// The concurrency these flags ask for.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            parallelism: self.parallelism,
+            per_node: self.per_node,
+            fail_fast: self.fail_fast,
+        }
+    }
 }
 
 /// The desired targets `--target` selects (all without it); an unknown name is an error.
@@ -76,14 +113,23 @@ pub fn select(
         .collect())
 }
 
+/// One node's API connection, once made.
+type NodeSlot = Arc<Mutex<Option<Arc<NodeApi>>>>;
+
 /// Connections made during one command: one API connection per node, shared by its
-/// containers (so `/version` is read once per node).
+/// containers (so `/version` is read once per node). Shared by the threads that work on
+/// several targets at once.
 pub struct Connections<'a> {
     loaded: &'a Loaded,
     args: &'a TargetArgs,
     binary: Arc<AgentBinary>,
     printer: &'a Printer,
-    nodes: HashMap<String, Arc<NodeApi>>,
+    nodes: Mutex<HashMap<String, NodeSlot>>,
+    /// Each node's containers as its last listing showed them.
+    seen: Mutex<HashMap<String, SeenContainers>>,
+    /// Containers this apply creates or replaces: their guests are bootstrapped and
+    /// their new host keys trusted.
+    fresh: Mutex<BTreeSet<u64>>,
 }
 
 impl<'a> Connections<'a> {
@@ -99,52 +145,170 @@ impl<'a> Connections<'a> {
             args,
             binary,
             printer,
-            nodes: HashMap::new(),
+            nodes: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashMap::new()),
+            fresh: Mutex::new(BTreeSet::new()),
         }
     }
 
-    /// Read access for `plan` and `check`: the agent for a guest, the node's API for a
-    /// container's config.
-    pub fn reader(&mut self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
+    /// Whether the last listing of `node` showed container `vmid` running.
+    pub fn running(&self, node: &str, vmid: u64) -> bool {
+        self.seen(node)
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&vmid).copied())
+            .unwrap_or(false)
+    }
+
+    fn seen(&self, node: &str) -> SeenContainers {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.entry(node.to_string()).or_default().clone()
+    }
+
+    /// Read access for `plan` and `check`: the agent for a guest (through the node when
+    /// it does not answer SSH yet; the empty world when its container is not there), the
+    /// node's API for a container's config.
+    pub fn reader(&self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
         match &d.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(d.resources.iter().map(|r| &r.spec)),
-            ))),
+            Target::Container { node, .. } => Ok(Box::new(
+                ApiTarget::new(
+                    self.node(node)?,
+                    container_specs(d.resources.iter().map(|r| &r.spec)),
+                )
+                .recording(self.seen(node))
+                .in_cluster(self.in_cluster(node)),
+            )),
+            Target::Guest { name, .. } => {
+                // Only a listing actually read says the container is not there.
+                let seen = guest::find(self.loaded, name).and_then(|(n, _, _)| {
+                    let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.get(n).cloned()
+                });
+                let transport = match guest::plan_read(
+                    self.loaded,
+                    name,
+                    seen.as_ref(),
+                    self.args,
+                    self.printer,
+                )? {
+                    guest::GuestRead::Empty(r) => return Ok(r),
+                    guest::GuestRead::Ssh(t) | guest::GuestRead::Node(t) => t,
+                };
+                Ok(Box::new(
+                    AgentReader::new(transport, self.binary.clone())
+                        .verify_full(self.args.verify_full),
+                ))
+            }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
-                let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
-                Ok(Box::new(NodeReader::new(
-                    api,
-                    AgentReader::new(ssh, self.binary.clone()),
-                )))
+                let agent = if needs_node_ssh(d.resources.iter().map(|r| &r.spec)) {
+                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    Some(AgentReader::new(ssh, self.binary.clone()))
+                } else {
+                    None
+                };
+                Ok(Box::new(NodeReader::new(api, agent)))
             }
-            target => connect_reader(self.loaded, target, self.args, &self.binary),
         }
     }
 
-    /// Write access for `apply` only.
-    pub fn writer(&mut self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
+    /// Write access for `apply` only. A container's root-only lines go over its node's
+    /// SSH; a guest whose container this apply created, or that does not answer SSH, is
+    /// bootstrapped through its node first.
+    pub fn writer(&self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
-            Target::Container { node, .. } => Ok(Box::new(ApiTarget::new(
-                self.node(node)?,
-                container_specs(t.changes.iter().map(|c| &c.spec)),
-            ))),
+            Target::Container { node, name, vmid } => {
+                let api = ApiTarget::new(
+                    self.node(node)?,
+                    container_specs(t.changes.iter().map(|c| &c.spec)),
+                )
+                .in_cluster(self.in_cluster(node));
+                if t.changes.iter().any(|c| {
+                    matches!(c.spec, ResourceSpec::Container(_))
+                        && matches!(c.action, Action::Create | Action::Replace)
+                }) {
+                    self.fresh
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(*vmid);
+                }
+                let inv = guest::find(self.loaded, name);
+                let restart =
+                    inv.is_some_and(|(_, _, ct)| ct.restart.value == RestartPolicy::Allowed);
+                let steps = if t
+                    .changes
+                    .iter()
+                    .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+                {
+                    let (_, n, _) = inv.ok_or_else(|| {
+                        Diagnostic::new(format!("no container `{name}` in the inventory"))
+                    })?;
+                    let session = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    let gpus = t.changes.iter().any(|c| matches!(&c.spec, ResourceSpec::PveLines(l) if l.label == crate::node::gpu::LABEL));
+                    let gpus = if gpus {
+                        let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
+                        Some(crate::node::gpu::read(session.as_ref(), &root)?)
+                    } else {
+                        None
+                    };
+                    Some(NodeSteps {
+                        node: session,
+                        gpus,
+                        config_root: n.config_root.to_string(),
+                        lock_dir: node_target::lock_dir(),
+                        pve_node: n.api.node.to_string(),
+                    })
+                } else {
+                    None
+                };
+                Ok(Box::new(ContainerTarget::new(api, steps, restart)))
+            }
+            Target::Guest { name, .. } => {
+                let fresh = guest::find(self.loaded, name).is_some_and(|(_, _, ct)| {
+                    self.fresh
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains(&ct.vmid.value)
+                });
+                let transport =
+                    guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
+                Ok(Box::new(
+                    AgentWriter::new(transport, self.binary.clone())
+                        .verify_full(self.args.verify_full),
+                ))
+            }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
-                let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
-                Ok(Box::new(NodeWriter::new(
-                    api,
-                    AgentWriter::new(ssh, self.binary.clone()),
-                )))
+                let agent = if needs_node_ssh(t.changes.iter().map(|c| &c.spec)) {
+                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    Some(AgentWriter::new(ssh, self.binary.clone()))
+                } else {
+                    None
+                };
+                Ok(Box::new(NodeWriter::new(api, agent)))
             }
-            target => connect_writer(self.loaded, target, self.args, &self.binary),
         }
+    }
+
+    /// Whether the inventory puts node `node` in a cluster.
+    fn in_cluster(&self, node: &str) -> bool {
+        self.loaded
+            .inventory
+            .nodes
+            .iter()
+            .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
     }
 
     /// The API connection to the node named `node` in the inventory.
-    pub fn node(&mut self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
-        if let Some(api) = self.nodes.get(node) {
+    pub fn node(&self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
+        let slot = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+            nodes.entry(node.to_string()).or_default().clone()
+        };
+        // The node's own slot is held while connecting, so two targets of one node share
+        // one login while other nodes connect at the same time.
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(api) = slot.as_ref() {
             return Ok(api.clone());
         }
         let inv = self
@@ -158,7 +322,7 @@ impl<'a> Connections<'a> {
         let settings =
             ApiSettings::from_inventory(node, &inv.api, &self.loaded.base_dir, self.args.insecure)?;
         let api = Arc::new(NodeApi::connect(&settings)?);
-        self.nodes.insert(node.to_string(), api.clone());
+        *slot = Some(api.clone());
         Ok(api)
     }
 
@@ -173,9 +337,12 @@ impl<'a> Connections<'a> {
 
     /// Says how many API calls each node took (`-v`).
     pub fn report_calls(&self) {
-        for (node, api) in &self.nodes {
-            self.printer
-                .verbose(&format!("node {node}: {} API call(s)", api.calls()));
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, slot) in nodes.iter() {
+            if let Some(api) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                self.printer
+                    .verbose(&format!("node {node}: {} API call(s)", api.calls()));
+            }
         }
     }
 }
@@ -204,6 +371,12 @@ pub fn connect_writer(
     Ok(Box::new(
         AgentWriter::new(transport, binary.clone()).verify_full(args.verify_full),
     ))
+}
+
+/// Whether a node target's resources need the agent over the node's SSH (templates go
+/// through the API alone).
+fn needs_node_ssh<'s>(mut specs: impl Iterator<Item = &'s ResourceSpec>) -> bool {
+    specs.any(|s| !matches!(s, ResourceSpec::Template(_)))
 }
 
 /// The container specs among `specs`.

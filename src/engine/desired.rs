@@ -72,12 +72,10 @@ pub fn desired_state(
                 .hostname
                 .as_ref()
                 .map_or(ct_name.to_string(), |h| h.to_string());
+            let mut spec = ContainerSpec::from_inventory(node.api.node.as_str(), &hostname, ct);
+            spec.bootstrap = node.ssh.host.is_some();
             let mut container = vec![Desired {
-                spec: ResourceSpec::Container(ContainerSpec::from_inventory(
-                    node.api.node.as_str(),
-                    &hostname,
-                    ct,
-                )),
+                spec: ResourceSpec::Container(spec),
                 role: None,
             }];
             let mut guest: Vec<Desired> = Vec::new();

@@ -73,8 +73,11 @@ pub fn note_rebuilds(desired: &[DesiredTarget], plans: &mut [crate::plan::Target
     use crate::plan::Action;
     // Per node: the storage path, when the storage is there already (not to be created).
     let mut kept: Vec<(String, String)> = Vec::new();
-    for (d, p) in desired.iter().zip(plans.iter()) {
-        let Target::Node { node, .. } = &d.target else {
+    for p in plans.iter() {
+        let Target::Node { node, .. } = &p.target else {
+            continue;
+        };
+        let Some(d) = desired.iter().find(|d| d.target == p.target) else {
             continue;
         };
         for r in &d.resources {

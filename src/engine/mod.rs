@@ -4,6 +4,7 @@
 pub mod desired;
 pub mod host;
 pub mod online;
+pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
 use crate::resources::ResourceSpec;
@@ -42,7 +43,7 @@ impl DesiredTarget {
     }
 
     /// `<target>/<kind>:<name>` for a resource of this target.
-    fn address(&self, spec: &ResourceSpec) -> String {
+    pub fn address(&self, spec: &ResourceSpec) -> String {
         let prefix = self.target.names().0;
         format!("{prefix}/{}", spec.address())
     }

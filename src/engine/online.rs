@@ -3,39 +3,91 @@
 //! [`TargetWriter`]s, so `check` and `plan` cannot reach a write path by construction.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
+use super::schedule::{self, Follow, Limits, Outcome, Skipped};
 use super::{Desired, DesiredTarget, diff_target};
-use crate::access::{ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
+use crate::access::{ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
+use crate::plan::{Action, Change, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
-/// Plans `desired` against what `read` finds on each target (`verify_full`: the readers
-/// re-hash model files, recorded in the plan so a saved plan is re-read the same way).
+/// Opens read access to one target (called from several threads at once).
+pub type Read<'a> = dyn Fn(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> + Sync + 'a;
+/// Opens write access to one target (called from several threads at once).
+pub type Connect<'a> = dyn Fn(&TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> + Sync + 'a;
+
+/// A plan of the targets that could be read, and why the others could not.
+pub struct PartialPlan {
+    /// The plan of every target read.
+    pub plan: Plan,
+    /// The targets not read, in inventory order, each with its error.
+    pub failures: Vec<(Target, anyhow::Error)>,
+}
+
+impl PartialPlan {
+    /// The plan, or one error naming every target that could not be read.
+    pub fn whole(self) -> anyhow::Result<Plan> {
+        if self.failures.is_empty() {
+            return Ok(self.plan);
+        }
+        let total = self.plan.targets.len() + self.failures.len();
+        Err(many_failed("reading", self.failures, Vec::new(), total))
+    }
+}
+
+/// Plans `desired` against what `read` finds on each target, reading independent targets
+/// concurrently as `limits` allow (a container's guest after its container). A target that
+/// cannot be read does not keep the others from being planned unless `limits.fail_fast`.
+/// `verify_full`: the readers re-hash model files, recorded in the plan so a saved plan is
+/// re-read the same way.
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
     verify_full: bool,
-    read: &mut dyn FnMut(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>>,
-) -> anyhow::Result<Plan> {
-    let mut targets = Vec::new();
-    for d in desired {
-        let reader = read(d)?;
-        let probes = d.probes();
-        let facts = reader.read(&probes)?;
-        let mut target = diff_target(d, &facts)?;
-        target.read = Some(ReadStamp {
-            digest: facts.digest(&probes)?,
-            probes,
-            verify_full,
-        });
-        targets.push(target);
+    limits: &Limits,
+    read: &Read,
+) -> PartialPlan {
+    let targets: Vec<&Target> = desired.iter().map(|d| &d.target).collect();
+    let results = schedule::run(
+        &schedule::jobs(&targets),
+        limits,
+        Follow::Always,
+        &|i| -> anyhow::Result<TargetPlan> {
+            let d = &desired[i];
+            let reader = read(d)?;
+            let probes = d.probes();
+            let facts = reader.read(&probes)?;
+            let mut target = diff_target(d, &facts)?;
+            target.read = Some(ReadStamp {
+                digest: facts.digest(&probes)?,
+                probes,
+                verify_full,
+            });
+            Ok(target)
+        },
+        &|r| r.is_err(),
+    );
+    let mut planned = Vec::new();
+    let mut failures = Vec::new();
+    for (r, d) in results.into_iter().zip(desired) {
+        match r {
+            Outcome::Ran(Ok(t)) => planned.push(t),
+            Outcome::Ran(Err(e)) => failures.push((d.target.clone(), e)),
+            Outcome::Skipped(why) => failures.push((
+                d.target.clone(),
+                anyhow::anyhow!("not read ({})", skip_reason(why, &targets)),
+            )),
+        }
     }
-    super::host::note_rebuilds(desired, &mut targets);
-    Ok(Plan::new(inventory, PlanMode::Online, targets))
+    super::host::note_rebuilds(desired, &mut planned);
+    PartialPlan {
+        plan: Plan::new(inventory, PlanMode::Online, planned),
+        failures,
+    }
 }
 
 /// What one target's apply did.
@@ -76,16 +128,37 @@ impl Default for ApplyOptions {
 
 /// Executes exactly `plan`: every change's steps on its target, in order, then reads the
 /// changed resources again and fails unless they now match. Nothing runs if any change
-/// is of a kind that cannot be applied yet.
+/// is of a kind that cannot be applied yet. Independent targets run concurrently as
+/// `limits` allow; a target whose container failed is not touched, and one target failing
+/// stops the others only with `limits.fail_fast`. Each target's step outcomes reach
+/// `on_step` together, never between another target's.
 pub fn apply(
     plan: &Plan,
     options: ApplyOptions,
-    connect: &mut dyn FnMut(&TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>>,
-    on_step: &mut dyn FnMut(&Target, &OpOutcome),
+    limits: &Limits,
+    connect: &Connect,
+    on_step: &(dyn Fn(&Target, &OpOutcome) + Sync),
 ) -> anyhow::Result<Vec<TargetOutcome>> {
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
+        if let Some(moved) = t.changes.iter().find(|c| {
+            matches!(c.spec, ResourceSpec::Container(_))
+                && c.attributes.iter().any(|a| a.name == "node")
+        }) {
+            let a = moved.attributes.iter().find(|a| a.name == "node");
+            let (on, declared) = a
+                .map(|a| (a.before.clone(), a.after.clone()))
+                .unwrap_or_default();
+            return Err(Diagnostic::new(format!(
+                "{} runs on node `{}` but is declared on node `{}`; nothing was changed",
+                moved.address,
+                on.unwrap_or_default(),
+                declared.unwrap_or_default()
+            ))
+            .hint(crate::resources::container::MIGRATE_NOT_BUILT)
+            .into());
+        }
         if let Some(refused) = t
             .changes
             .iter()
@@ -102,6 +175,11 @@ pub fn apply(
         let mut ops = Vec::new();
         let mut steps = Vec::new();
         let mut preflights = preflights_of(t);
+        let lines: Vec<&Change> = t
+            .changes
+            .iter()
+            .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+            .collect();
         for c in &t.changes {
             // A service's preflight runs before its unit is written, or before its deploy
             // when the unit itself does not change: a refused argv changes nothing.
@@ -114,12 +192,22 @@ pub fn apply(
                 steps.push(step);
             }
             if let ResourceSpec::Container(spec) = &c.spec {
-                // Applied through the node's API, not by guest steps.
+                // Applied through the node's API, not by guest steps; started only after
+                // root-only lines, when there are any.
                 ops.push(Op::Api(ApiOp::Container {
                     address: c.address.clone(),
                     spec: spec.clone(),
                     action: c.action,
                     allow_replace: options.allow_replace,
+                    start: lines.is_empty(),
+                }));
+                continue;
+            }
+            if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
+                // Root-only: over the node's SSH as root.
+                ops.push(Op::Node(NodeOp::Lines {
+                    address: c.address.clone(),
+                    spec: spec.clone(),
                 }));
                 continue;
             }
@@ -150,6 +238,13 @@ pub fn apply(
                 Err(why) => unsupported.push(format!("{}: {why}", c.address)),
             }
         }
+        if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
+            // Root-only lines take effect at a start: create (stopped) -> lines -> start.
+            ops.push(Op::Api(ApiOp::Start {
+                vmid: *vmid,
+                reboot: true,
+            }));
+        }
         if !t.changes.is_empty() {
             ops.extend(steps.into_iter().map(Op::Guest));
             work.push((t, ops));
@@ -171,83 +266,48 @@ pub fn apply(
         .hint("make a plan that reads the targets: `provision plan --out FILE INVENTORY`")
         .into());
     }
-    let mut writers = Vec::new();
-    for (t, _) in &work {
-        writers.push(connect(t)?);
-    }
     if options.saved {
-        refuse_stale(&work, &writers)?;
+        refuse_stale(&work, limits, connect)?;
     }
-    let mut outcomes = Vec::new();
-    let mut degraded: Vec<(String, String, String, Vec<String>)> = Vec::new();
-    for ((t, steps), writer) in work.into_iter().zip(writers) {
-        let started = Instant::now();
-        let results = writer.run(&steps)?;
-        for r in &results {
-            on_step(&t.target, r);
-        }
-        if let Some((index, failed)) = results.iter().enumerate().find(|(_, r)| r.error.is_some()) {
-            let mut d = Diagnostic::new(format!(
-                "{} failed on {}",
-                failed.description,
-                t.target.heading()
-            ))
-            .cause(failed.error.clone().unwrap_or_default());
-            // A service built from the inventory says where it was declared.
-            if let Some(at) = steps.get(index).and_then(declared_at) {
-                d = d.cause(format!("the service is declared at {at}"));
-            }
-            return Err(d
-                .hints(failed.hints.iter().cloned())
-                .hint("fix the cause and run apply again: steps already done are not repeated")
-                .into());
-        }
-        if results.len() < steps.len() {
-            return Err(Diagnostic::new(format!(
-                "the agent on {} stopped after {} of {} steps",
-                t.target.heading(),
-                results.len(),
-                steps.len()
-            ))
-            .into());
-        }
-        // A service that runs a fallback differs from the inventory on purpose: it is
-        // reported as degraded below, not as a failed write.
-        let mut skip: Vec<String> = Vec::new();
-        for r in &results {
-            let report = r
-                .detail
-                .as_ref()
-                .and_then(|v| serde_json::from_value::<DeployReport>(v.clone()).ok());
-            if let Some(DeployReport {
-                degraded: Some(name),
-                notes,
-                unit,
-                ..
-            }) = report
-            {
-                if let Some(c) = t
-                    .changes
-                    .iter()
-                    .find(|c| matches!(&c.spec, ResourceSpec::Service(s) if s.unit == unit))
-                {
-                    if let ResourceSpec::Service(s) = &c.spec {
-                        skip.push(format!("file:{}", s.unit_path));
-                    }
-                    skip.push(c.spec.address());
+    // One target's step lines are printed together, never between another's.
+    let printing = Mutex::new(());
+    let targets: Vec<&Target> = work.iter().map(|(t, _)| &t.target).collect();
+    let results = schedule::run(
+        &schedule::jobs(&targets),
+        limits,
+        Follow::OnSuccess,
+        &|i| {
+            let (t, ops) = &work[i];
+            let writer = connect(t)?;
+            apply_target(t, ops, writer.as_ref(), &|results| {
+                let _held = printing.lock().unwrap_or_else(|p| p.into_inner());
+                for r in results {
+                    on_step(&t.target, r);
                 }
-                degraded.push((t.target.heading(), unit, name, notes));
+            })
+        },
+        &|r| r.is_err(),
+    );
+    let mut outcomes = Vec::new();
+    let mut degraded: Vec<Degraded> = Vec::new();
+    let mut failures: Vec<(Target, anyhow::Error)> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
+    for (result, (t, _)) in results.into_iter().zip(&work) {
+        match result {
+            Outcome::Ran(Ok((outcome, d))) => {
+                outcomes.push(outcome);
+                degraded.extend(d);
             }
+            Outcome::Ran(Err(e)) => failures.push((t.target.clone(), e)),
+            Outcome::Skipped(why) => skipped.push(format!(
+                "{}: not applied ({})",
+                t.target.heading(),
+                skip_reason(why, &targets)
+            )),
         }
-        // The Proxmox module reads a container back itself and fails unless it converged.
-        if !matches!(t.target, Target::Container { .. }) {
-            verify(writer.as_ref(), t, &skip)?;
-        }
-        outcomes.push(TargetOutcome {
-            target: t.target.clone(),
-            steps: results,
-            millis: started.elapsed().as_millis() as u64,
-        });
+    }
+    if !failures.is_empty() {
+        return Err(many_failed("apply", failures, skipped, work.len()));
     }
     if !degraded.is_empty() {
         let mut d = Diagnostic::new(format!(
@@ -267,27 +327,156 @@ pub fn apply(
     Ok(outcomes)
 }
 
-/// Reads every target of a saved plan again; any answer that differs from what the plan
-/// was made from refuses the whole plan before anything runs, as a stale saved plan must.
+/// A service that runs a fallback: target, unit, fallback name, notes.
+type Degraded = (String, String, String, Vec<String>);
+
+/// Runs one target's operations and verifies them; `report` gets the outcomes of those
+/// that ran, in order, before any error is returned.
+fn apply_target(
+    t: &TargetPlan,
+    steps: &[Op],
+    writer: &dyn TargetWriter,
+    report: &dyn Fn(&[OpOutcome]),
+) -> anyhow::Result<(TargetOutcome, Vec<Degraded>)> {
+    let started = Instant::now();
+    let results = writer.run(steps)?;
+    report(&results);
+    if let Some((index, failed)) = results.iter().enumerate().find(|(_, r)| r.error.is_some()) {
+        let mut d = Diagnostic::new(format!(
+            "{} failed on {}",
+            failed.description,
+            t.target.heading()
+        ))
+        .cause(failed.error.clone().unwrap_or_default());
+        // A service built from the inventory says where it was declared.
+        if let Some(at) = steps.get(index).and_then(declared_at) {
+            d = d.cause(format!("the service is declared at {at}"));
+        }
+        return Err(d
+            .hints(failed.hints.iter().cloned())
+            .hint("fix the cause and run apply again: steps already done are not repeated")
+            .into());
+    }
+    if results.len() < steps.len() {
+        return Err(Diagnostic::new(format!(
+            "the agent on {} stopped after {} of {} steps",
+            t.target.heading(),
+            results.len(),
+            steps.len()
+        ))
+        .into());
+    }
+    // A service that runs a fallback differs from the inventory on purpose: it is
+    // reported as degraded, not as a failed write.
+    let mut skip: Vec<String> = Vec::new();
+    let mut degraded = Vec::new();
+    for r in &results {
+        let report = r
+            .detail
+            .as_ref()
+            .and_then(|v| serde_json::from_value::<DeployReport>(v.clone()).ok());
+        if let Some(DeployReport {
+            degraded: Some(name),
+            notes,
+            unit,
+            ..
+        }) = report
+        {
+            if let Some(c) = t
+                .changes
+                .iter()
+                .find(|c| matches!(&c.spec, ResourceSpec::Service(s) if s.unit == unit))
+            {
+                if let ResourceSpec::Service(s) = &c.spec {
+                    skip.push(format!("file:{}", s.unit_path));
+                }
+                skip.push(c.spec.address());
+            }
+            degraded.push((t.target.heading(), unit, name, notes));
+        }
+    }
+    // The Proxmox module reads a container back itself and fails unless it converged.
+    if !matches!(t.target, Target::Container { .. }) {
+        verify(writer, t, &skip)?;
+    }
+    Ok((
+        TargetOutcome {
+            target: t.target.clone(),
+            steps: results,
+            millis: started.elapsed().as_millis() as u64,
+        },
+        degraded,
+    ))
+}
+
+/// Why a job was skipped, in words.
+fn skip_reason(why: Skipped, targets: &[&Target]) -> String {
+    match why {
+        Skipped::FailFast => "--fail-fast: another target failed first".into(),
+        Skipped::After(i) => format!("{} failed", targets[i].names().0),
+    }
+}
+
+/// The error for a run where some targets failed: the one error itself when it is all
+/// there is, else every target's error (and those not reached) in one diagnostic.
+fn many_failed(
+    what: &str,
+    mut failures: Vec<(Target, anyhow::Error)>,
+    skipped: Vec<String>,
+    total: usize,
+) -> anyhow::Error {
+    if failures.len() == 1 && skipped.is_empty() && total == 1 {
+        return failures.remove(0).1;
+    }
+    let mut d = Diagnostic::new(format!(
+        "{what} failed on {} of {total} target(s)",
+        failures.len()
+    ));
+    for (target, e) in &failures {
+        d = d.cause(format!("{}: {e:#}", target.heading()));
+    }
+    for s in skipped {
+        d = d.cause(s);
+    }
+    d.hint("the other targets were done; fix the causes and run again: steps already done are not repeated")
+        .into()
+}
+
+/// Reads every target of a saved plan again (concurrently); any answer that differs from
+/// what the plan was made from refuses the whole plan before anything runs, as a stale
+/// saved plan must.
 fn refuse_stale(
     work: &[(&TargetPlan, Vec<Op>)],
-    writers: &[Box<dyn TargetWriter>],
+    limits: &Limits,
+    connect: &Connect,
 ) -> anyhow::Result<()> {
+    let targets: Vec<&Target> = work.iter().map(|(t, _)| &t.target).collect();
+    let reads = schedule::run(
+        &schedule::jobs(&targets),
+        &Limits {
+            fail_fast: false,
+            ..*limits
+        },
+        Follow::Always,
+        &|i| -> anyhow::Result<Option<String>> {
+            let t = work[i].0;
+            let Some(stamp) = &t.read else {
+                return Ok(Some(format!(
+                    "{}: the plan does not record what it read",
+                    t.target.heading()
+                )));
+            };
+            let now = connect(t)?.read(&stamp.probes)?.digest(&stamp.probes)?;
+            Ok((now != stamp.digest)
+                .then(|| format!("{} changed since the plan was made", t.target.heading())))
+        },
+        &|r| r.is_err(),
+    );
     let mut stale = Vec::new();
-    for ((t, _), writer) in work.iter().zip(writers) {
-        let Some(stamp) = &t.read else {
-            stale.push(format!(
-                "{}: the plan does not record what it read",
-                t.target.heading()
-            ));
-            continue;
-        };
-        let now = writer.read(&stamp.probes)?.digest(&stamp.probes)?;
-        if now != stamp.digest {
-            stale.push(format!(
-                "{} changed since the plan was made",
-                t.target.heading()
-            ));
+    for r in reads {
+        match r {
+            Outcome::Ran(r) => stale.extend(r?),
+            Outcome::Skipped(_) => unreachable!("reads neither fail fast nor skip"),
         }
     }
     if stale.is_empty() {

@@ -43,6 +43,11 @@ pub struct Node {
     /// SSH to the node as root: for the edits the API reserves to `root@pam` (device
     /// passthrough, raw `lxc.*` lines) and for `pct exec` before a guest has SSH.
     pub ssh: SshTarget,
+    /// The Proxmox cluster this node is a member of (any name; nodes naming the same
+    /// cluster are one). A container is then looked for on every node of the cluster, and
+    /// one found on another node than declared is drift naming both nodes.
+    #[serde(default)]
+    pub cluster: Option<Sp<Name>>,
     /// Where the node keeps its cluster configuration.
     #[serde(default = "default_config_root")]
     pub config_root: Sp<AbsPath>,

@@ -69,6 +69,29 @@ pub fn validate(loaded: &Loaded, known_roles: &[String]) -> Result<(), Diagnosti
             v.container(ct_name, ct, known_roles);
         }
     }
+    // vmids are unique in a Proxmox cluster: the nodes naming one cluster share them.
+    let mut in_cluster: HashMap<(&str, u64), (&Name, &Name)> = HashMap::new();
+    for (node_name, node) in &loaded.inventory.nodes {
+        let Some(cluster) = &node.cluster else {
+            continue;
+        };
+        for (ct_name, ct) in &node.containers {
+            let key = (cluster.value.as_str(), ct.vmid.value);
+            if let Some((other_node, other_ct)) = in_cluster.insert(key, (node_name, ct_name))
+                && other_node != node_name
+            {
+                v.err(
+                    ct.vmid.pos,
+                    format!(
+                        "vmid {} is also container `{other_ct}`'s on node `{other_node}`, in the same cluster `{}`",
+                        ct.vmid.value,
+                        cluster.value.as_str()
+                    ),
+                    format!("vmids are unique in a Proxmox cluster; give `{ct_name}` another vmid"),
+                );
+            }
+        }
+    }
     if v.errors.is_empty() {
         Ok(())
     } else {
@@ -146,11 +169,31 @@ impl Validator<'_> {
         ) {
             self.err(pos, message, hint);
         }
-        if node.ssh.host.is_none() {
+        // The model storage and the NVIDIA side are read and changed on the node itself.
+        if node.ssh.host.is_none() && (node.model_storage.is_some() || node.nvidia.is_some()) {
             self.err(
                 node.api.url.pos,
-                format!("node `{name}` has no `ssh.host`"),
-                "provision needs SSH to the node for root-only edits; add `ssh: { host: ... }`",
+                format!("node `{name}` has no `ssh.host`: its `model_storage` and `nvidia` are read and changed on the node over SSH"),
+                "add `ssh: { host: ..., identity_file: ... }` (root) to the node",
+            );
+        }
+        // Without node SSH, containers are still created and changed through the API
+        // (their guests must answer SSH themselves); GPU passthrough lines are root-only
+        // and raw `lxc.*` lines cannot go through the API at all.
+        let with_gpus: Vec<&str> = node
+            .containers
+            .iter()
+            .filter(|(_, ct)| ct.gpus.is_some())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if node.ssh.host.is_none() && !with_gpus.is_empty() {
+            self.err(
+                node.api.url.pos,
+                format!(
+                    "node `{name}` has no `ssh.host`: the GPU passthrough lines of container(s) {} are root-only steps (devN, raw lxc.* lines) that cannot run without it",
+                    with_gpus.join(", ")
+                ),
+                "add `ssh: { host: ..., identity_file: ... }` (root) to the node: an API token cannot write these lines, and raw lxc.* lines cannot go through the API at all",
             );
         }
     }

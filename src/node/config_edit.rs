@@ -302,12 +302,12 @@ pub fn pct_set(
     let back = RawConfig::parse(&file.path, out.stdout_text())?;
     let mut wrong = Vec::new();
     for (k, v) in set {
-        let now = back
-            .conf
-            .get(k)
-            .or_else(|| back.conf.pending.props.get(k).map(String::as_str));
-        if now != Some(v.as_str()) {
-            wrong.push(format!("{k} is {now:?}, not {v:?}"));
+        // Set now, or pending until the next start (a running container's old value
+        // stays current until then).
+        let now = back.conf.get(k);
+        let pending = back.conf.pending.props.get(k).map(String::as_str);
+        if now != Some(v.as_str()) && pending != Some(v.as_str()) {
+            wrong.push(format!("{k} is {now:?} (pending {pending:?}), not {v:?}"));
         }
     }
     for k in delete {

@@ -11,7 +11,7 @@ use super::config_edit::ConfigEdit;
 use crate::gpu::facts::{FactSources, NodeFacts, gather_node_facts_raw};
 use crate::gpu::probe::parse_sections;
 use crate::render::context::NodeGpuView;
-use crate::resources::pve_lines::PveLinesSpec;
+use crate::resources::pve_lines::{LineOwner, PveLinesSpec, allow_major, is_allow_key, is_dev_key};
 use crate::transport::Transport;
 
 /// The environment variable naming the prefix of the node's `/dev` and `/proc`, for a node
@@ -61,55 +61,24 @@ fn char_majors(text: &str) -> BTreeSet<u32> {
         .collect()
 }
 
-/// `c N:* rwm`-shaped device rules: the major, for the shape passthrough writes.
-fn allow_major(value: &str) -> Option<u32> {
-    let rest = value.trim().strip_prefix("c ")?;
-    let (major, tail) = rest.split_once(':')?;
-    (tail.trim() == "* rwm").then(|| major.trim().parse().ok())?
-}
-
-fn is_allow_key(k: &str) -> bool {
-    matches!(k, "lxc.cgroup2.devices.allow" | "lxc.cgroup.devices.allow")
-}
-
-fn is_dev_key(k: &str) -> bool {
-    k.strip_prefix("dev")
-        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-}
-
 impl NodeGpus {
     /// The node path of a device as the config names it: `/dev/…` under the root.
     fn source(&self, path: &str) -> String {
         format!("{}{path}", self.root)
     }
 
-    /// The device path (`/dev/nvidia1`) a config value passes through, if it is one of
-    /// NVIDIA's: a `devN` path or an `lxc.mount.entry` source.
-    fn nvidia_path<'a>(&self, key: &str, value: &'a str) -> Option<&'a str> {
-        let first = if is_dev_key(key) {
-            value.split(',').next()?
-        } else if key == "lxc.mount.entry" {
-            value.split_whitespace().next()?
-        } else {
-            return None;
-        };
-        let path = first.strip_prefix(self.root.as_str())?;
-        path.starts_with("/dev/nvidia").then_some(path)
+    /// What passthrough owns in a config on this node.
+    pub fn owner(&self) -> LineOwner {
+        LineOwner {
+            root: self.root.clone(),
+            nvidia_majors: self.facts.majors.iter().map(|n| n.major).collect(),
+            char_majors: self.char_majors.iter().copied().collect(),
+        }
     }
 
-    /// Whether passthrough owns this config line: NVIDIA device nodes passed through, and
-    /// `c N:* rwm` rules for a major that is NVIDIA's now or that no driver on the node
-    /// has any more (left from an older driver); other rules are the user's.
+    /// Whether passthrough owns this config line (see [`LineOwner::owns`]).
     pub fn owns(&self, key: &str, value: &str) -> bool {
-        if self.nvidia_path(key, value).is_some() {
-            return true;
-        }
-        if !is_allow_key(key) {
-            return false;
-        }
-        allow_major(value).is_some_and(|m| {
-            self.facts.majors.iter().any(|n| n.major == m) || !self.char_majors.contains(&m)
-        })
+        self.owner().owns(key, value)
     }
 
     /// Rendered passthrough lines with their device paths (`devN` paths,
@@ -137,6 +106,7 @@ impl NodeGpus {
     /// Rendered passthrough lines pointed at this node's root (see [`Self::at_root`]).
     pub fn localize(&self, spec: &mut PveLinesSpec) {
         if spec.label == LABEL {
+            spec.owner = Some(self.owner());
             spec.lines = self
                 .at_root(&spec.pairs())
                 .into_iter()
@@ -150,7 +120,7 @@ impl NodeGpus {
     pub fn drift(&self, found: &[(String, String)]) -> Vec<String> {
         let mut out = Vec::new();
         for (k, v) in found {
-            if let Some(path) = self.nvidia_path(k, v) {
+            if let Some(path) = self.owner().nvidia_path(k, v) {
                 if self.facts.node(path).is_none() {
                     out.push(format!("`{k}: {v}`: {path} does not exist on the node"));
                 }

@@ -15,12 +15,13 @@ use crate::resources::wire::{Fact, Facts, Probe};
 /// Read access to a node.
 pub struct NodeReader<R: TargetReader> {
     api: Arc<NodeApi>,
-    agent: R,
+    agent: Option<R>,
 }
 
 impl<R: TargetReader> NodeReader<R> {
-    /// Reads through `api` and `agent` (the agent over the node's SSH).
-    pub fn new(api: Arc<NodeApi>, agent: R) -> Self {
+    /// Reads through `api` and `agent` (the agent over the node's SSH; none when only
+    /// the API is needed).
+    pub fn new(api: Arc<NodeApi>, agent: Option<R>) -> Self {
         NodeReader { api, agent }
     }
 }
@@ -29,14 +30,23 @@ impl<R: TargetReader> NodeReader<R> {
 pub struct NodeWriter<W: TargetWriter>(NodeReader<W>);
 
 impl<W: TargetWriter> NodeWriter<W> {
-    /// Reads and writes through `api` and `agent`.
-    pub fn new(api: Arc<NodeApi>, agent: W) -> Self {
+    /// Reads and writes through `api` and `agent` (none when only the API is needed).
+    pub fn new(api: Arc<NodeApi>, agent: Option<W>) -> Self {
         NodeWriter(NodeReader::new(api, agent))
     }
 }
 
 fn api_error(e: crate::proxmox::ProxmoxError) -> AccessError {
     AccessError::Container(Box::new(ContainerError::from(e)))
+}
+
+impl<R: TargetReader> NodeReader<R> {
+    fn without_ssh(&self, what: &str) -> AccessError {
+        AccessError::Unsupported {
+            target: format!("node {} without its SSH", self.api.label),
+            what: what.to_string(),
+        }
+    }
 }
 
 impl<R: TargetReader> TargetReader for NodeReader<R> {
@@ -67,7 +77,10 @@ impl<R: TargetReader> TargetReader for NodeReader<R> {
         }
         if !agent.is_empty() {
             let wanted: Vec<Probe> = agent.into_iter().cloned().collect();
-            match self.agent.read(&wanted)? {
+            let Some(reader) = &self.agent else {
+                return Err(self.without_ssh(&format!("{wanted:?}")));
+            };
+            match reader.read(&wanted)? {
                 Facts::Read(map) => out.extend(map),
                 Facts::Empty => {}
             }
@@ -114,7 +127,10 @@ impl<W: TargetWriter> TargetWriter for NodeWriter<W> {
                 .iter()
                 .position(|o| matches!(o, Op::Api(_)))
                 .map_or(ops.len(), |n| i + n);
-            let done = self.0.agent.run(&ops[i..end])?;
+            let Some(agent) = &self.0.agent else {
+                return Err(self.0.without_ssh(&ops[i].describe()));
+            };
+            let done = agent.run(&ops[i..end])?;
             let failed = done.iter().any(|r| r.error.is_some()) || done.len() < end - i;
             results.extend(done);
             if failed {

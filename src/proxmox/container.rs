@@ -119,7 +119,18 @@ fn text(v: &Value) -> String {
 /// Reads one container that `list` says exists: its config (digest, raw `lxc.*` lines) and
 /// its pending values.
 pub fn read(api: &NodeApi, vmid: u64, running: bool) -> Result<PveContainerFact, ProxmoxError> {
-    let base = api.node_path(&format!("/lxc/{vmid}"));
+    read_on(api, &api.node, vmid, running)
+}
+
+/// [`read`] of a container on node `node` of `api`'s cluster (any member's API reaches
+/// every node).
+pub fn read_on(
+    api: &NodeApi,
+    node: &str,
+    vmid: u64,
+    running: bool,
+) -> Result<PveContainerFact, ProxmoxError> {
+    let base = format!("/nodes/{node}/lxc/{vmid}");
     let conf = api.call("GET", &format!("{base}/config"), &[("current", "1")])?;
     let pending = api.call("GET", &format!("{base}/pending"), &[])?;
     let mut fact = PveContainerFact {
@@ -245,12 +256,15 @@ pub type Done = Vec<String>;
 
 /// Carries out `planned` for `spec`: create, replace (only when `allow_replace`), or update
 /// in place. Reads the container again first: a config that changed since the plan is planned
-/// again, never overwritten; the end state is read back and must match.
+/// again, never overwritten; the end state is read back and must match. Without `start`, a
+/// created or stopped container is left stopped (root-only lines are written next, then
+/// [`start`] runs) and its power state is not verified.
 pub fn apply(
     api: &NodeApi,
     spec: &ContainerSpec,
     planned: Action,
     allow_replace: bool,
+    start: bool,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     if planned == Action::Replace && !allow_replace {
@@ -261,33 +275,85 @@ pub fn apply(
         let found = read_for(api, spec, &listing)?;
         let delta = match &found {
             None => Some(spec.create_delta()),
-            Some(f) => spec.update_delta(f),
+            Some(f) => spec.update_delta(f).filter(|d| start || !only_start(d)),
         };
         let Some(delta) = delta else {
             return Ok(());
         };
         let result = match (delta.action, &found) {
-            (Action::Create, _) => create(api, spec, log),
+            (Action::Create, _) => create(api, spec, start, log),
             (Action::Replace, Some(f)) => {
                 if !allow_replace {
                     return Err(ContainerError::ReplaceRefused(spec.vmid));
                 }
                 destroy(api, spec.vmid, f.running, log)?;
-                create(api, spec, log)
+                create(api, spec, start, log)
             }
-            (_, Some(f)) => update(api, spec, f, &delta, log),
-            (_, None) => create(api, spec, log),
+            (_, Some(f)) => update(api, spec, f, &delta, start, log),
+            (_, None) => create(api, spec, start, log),
         };
         match result {
             Err(ContainerError::Api(ProxmoxError::Modified { .. })) => continue,
             other => other?,
         }
-        return verify(api, spec);
+        return verify(api, spec, start);
     }
     Err(ContainerError::NotConverged {
         vmid: spec.vmid,
         what: "its configuration kept changing underneath (digest mismatch on every attempt)"
             .into(),
+    })
+}
+
+/// Whether a delta only starts the container.
+fn only_start(d: &Delta) -> bool {
+    d.attributes.iter().all(|a| a.name == "status")
+}
+
+/// Starts container `vmid` when it is stopped; reboots it when it runs and `reboot` (raw
+/// `lxc.*` lines and new devices take effect only at a start); fails unless it runs after.
+pub fn start(
+    api: &NodeApi,
+    vmid: u64,
+    reboot: bool,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    let listing = list(api)?;
+    let base = api.node_path(&format!("/lxc/{vmid}"));
+    let running = listing.get(&vmid).is_some_and(|(_, r)| *r);
+    if !running {
+        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
+    } else if reboot {
+        let what = format!("reboot CT {vmid} so its new root-only lines take effect");
+        power(api, &base, "reboot", &what, log)?;
+    } else {
+        log(
+            &format!(
+                "CT {vmid} keeps running: its new root-only lines take effect at its next start (`restart: never`)"
+            ),
+            Duration::ZERO,
+        );
+    }
+    if !list(api)?.get(&vmid).is_some_and(|(_, r)| *r) {
+        return Err(ContainerError::NotConverged {
+            vmid,
+            what: "it is not running after the start".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `POST {base}/status/{action}` followed to its end, logged as `what`.
+fn power(
+    api: &NodeApi,
+    base: &str,
+    action: &str,
+    what: &str,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ProxmoxError> {
+    timed(log, what, || {
+        let upid = api.call("POST", &format!("{base}/status/{action}"), &[])?;
+        follow(api, &upid, TASK_LIMIT)
     })
 }
 
@@ -305,6 +371,7 @@ fn timed<T>(
 fn create(
     api: &NodeApi,
     spec: &ContainerSpec,
+    start: bool,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let vmid = spec.vmid.to_string();
@@ -316,8 +383,15 @@ fn create(
     if !keys.is_empty() {
         params.push(("ssh-public-keys", &keys));
     }
-    params.push(("start", "1"));
-    timed(log, &format!("create and start CT {vmid}"), || {
+    if start {
+        params.push(("start", "1"));
+    }
+    let what = if start {
+        format!("create and start CT {vmid}")
+    } else {
+        format!("create CT {vmid} (started after its root-only lines)")
+    };
+    timed(log, &what, || {
         let upid = api.call("POST", &api.node_path("/lxc"), &params)?;
         follow(api, &upid, TASK_LIMIT)
     })?;
@@ -332,10 +406,7 @@ fn destroy(
 ) -> Result<(), ContainerError> {
     let base = api.node_path(&format!("/lxc/{vmid}"));
     if running {
-        timed(log, &format!("stop CT {vmid}"), || {
-            let upid = api.call("POST", &format!("{base}/status/stop"), &[])?;
-            follow(api, &upid, TASK_LIMIT)
-        })?;
+        power(api, &base, "stop", &format!("stop CT {vmid}"), log)?;
     }
     timed(
         log,
@@ -353,6 +424,7 @@ fn update(
     spec: &ContainerSpec,
     found: &PveContainerFact,
     delta: &Delta,
+    start: bool,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let vmid = spec.vmid;
@@ -397,31 +469,25 @@ fn update(
             },
         )?;
     }
+    if !found.running && !start {
+        return Ok(());
+    }
     if !found.running {
-        timed(log, &format!("start CT {vmid}"), || {
-            let upid = api.call("POST", &format!("{base}/status/start"), &[])?;
-            follow(api, &upid, TASK_LIMIT)
-        })?;
+        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
         return Ok(());
     }
     if spec.restart == RestartPolicy::Allowed {
         let after = read(api, vmid, true)?;
         if !after.pending.is_empty() || !after.pending_delete.is_empty() {
-            timed(
-                log,
-                &format!("reboot CT {vmid} to apply pending changes"),
-                || {
-                    let upid = api.call("POST", &format!("{base}/status/reboot"), &[])?;
-                    follow(api, &upid, TASK_LIMIT)
-                },
-            )?;
+            let what = format!("reboot CT {vmid} to apply pending changes");
+            power(api, &base, "reboot", &what, log)?;
         }
     }
     Ok(())
 }
 
 /// Reads the container back: anything still differing is an error.
-fn verify(api: &NodeApi, spec: &ContainerSpec) -> Result<(), ContainerError> {
+fn verify(api: &NodeApi, spec: &ContainerSpec, start: bool) -> Result<(), ContainerError> {
     let listing = list(api)?;
     let Some(found) = read_for(api, spec, &listing)? else {
         return Err(ContainerError::NotConverged {
@@ -429,7 +495,10 @@ fn verify(api: &NodeApi, spec: &ContainerSpec) -> Result<(), ContainerError> {
             what: "it does not exist".into(),
         });
     };
-    match spec.update_delta(&found) {
+    match spec
+        .update_delta(&found)
+        .filter(|d| start || !only_start(d))
+    {
         None => Ok(()),
         Some(d) => Err(ContainerError::NotConverged {
             vmid: spec.vmid,

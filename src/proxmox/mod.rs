@@ -3,6 +3,7 @@
 //! and changed. Formats and the client itself are the `pve` crate's, shared with the lab.
 
 pub mod client;
+pub mod cluster;
 pub mod container;
 pub mod error;
 pub mod storage;

@@ -71,6 +71,10 @@ pub struct ContainerSpec {
     /// Whether apply may restart it to apply pending changes.
     #[serde(default)]
     pub restart: RestartPolicy,
+    /// Whether its node has SSH, so a created container is bootstrapped through the node
+    /// (`pct exec`/`pct push`) before SSH takes over.
+    #[serde(default)]
+    pub bootstrap: bool,
 }
 
 impl ContainerSpec {
@@ -133,6 +137,7 @@ impl ContainerSpec {
             config,
             ssh_public_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
             restart: ct.restart.value,
+            bootstrap: false,
         }
     }
 
@@ -295,7 +300,14 @@ impl ContainerSpec {
                 .collect();
             d = d.attr(Attribute::new("ssh-public-keys", summary.join(", ")));
         }
-        d.attr(Attribute::new("status", "running"))
+        d = d.attr(Attribute::new("status", "running"));
+        if self.bootstrap {
+            d = d.attr(Attribute::new(
+                "bootstrap",
+                "after start, through node SSH (pct exec/pct push): openssh-server and the keys where missing, host keys recorded from the node; then SSH",
+            ));
+        }
+        d
     }
 }
 
@@ -317,7 +329,7 @@ impl Resource for ContainerSpec {
             None => Some(self.create_delta()),
             Some(found) => {
                 let adopted = marker_template(found).is_none();
-                self.update_delta(found).map(|d| {
+                let delta = self.update_delta(found).map(|d| {
                     if adopted {
                         d.reason(format!(
                             "CT {} was not created by provision: adopted, changed in place, never recreated for its template",
@@ -326,7 +338,23 @@ impl Resource for ContainerSpec {
                     } else {
                         d
                     }
-                })
+                });
+                match &found.misplaced {
+                    None => delta,
+                    Some((on, declared)) => Some(
+                        delta
+                            .unwrap_or_else(|| Delta::new(Action::Update))
+                            .attr(Attribute::change(
+                                "node",
+                                Some(on.clone()),
+                                Some(declared.clone()),
+                            ))
+                            .reason(format!(
+                                "CT {} runs on node `{on}` but is declared on node `{declared}`; moving it is planned only with `--migrate`",
+                                self.vmid
+                            )),
+                    ),
+                }
             }
         })
     }
@@ -358,6 +386,9 @@ fn key_summary(key: &str) -> String {
         .to_string()
 }
 
+/// Why a container found on another node of its cluster is not moved.
+pub const MIGRATE_NOT_BUILT: &str = "moving a container between nodes (migration) is not built yet; move it with `pct migrate` or declare it on the node it runs on";
+
 /// A container as its node reports it: current and pending configuration, power state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PveContainerFact {
@@ -372,6 +403,10 @@ pub struct PveContainerFact {
     pub digest: String,
     /// Whether it runs.
     pub running: bool,
+    /// In a cluster: the node it was found on and the node it is declared on, when they
+    /// differ (read through the cluster's resource list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misplaced: Option<(String, String)>,
 }
 
 impl PveContainerFact {
@@ -400,6 +435,7 @@ impl PveContainerFact {
             pending_delete: conf.pending_delete(),
             digest: conf.digest.clone(),
             running,
+            misplaced: None,
         }
     }
 }
@@ -427,6 +463,7 @@ mod tests {
             ],
             ssh_public_keys: vec![],
             restart: RestartPolicy::Never,
+            bootstrap: false,
         }
     }
 

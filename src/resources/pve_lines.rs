@@ -17,9 +17,76 @@ pub struct PveLinesSpec {
     pub label: String,
     /// `key: value` lines, in order.
     pub lines: Vec<String>,
+    /// Which found lines these lines own (so ones no longer wanted are removed, and a
+    /// stale one is drift), from the node's live facts; `None` offline: then only `devN`
+    /// entries are owned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<LineOwner>,
+}
+
+/// What GPU passthrough owns in a config, from the node's live facts: NVIDIA device nodes
+/// passed through (under `root`), and `c N:* rwm` rules for a major that is NVIDIA's now or
+/// that no driver on the node has any more (left from an older driver); other rules are
+/// the user's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LineOwner {
+    /// The prefix of the node's `/dev` (empty on real nodes).
+    pub root: String,
+    /// NVIDIA's character majors now (`/proc/devices`).
+    pub nvidia_majors: Vec<u32>,
+    /// Every character major the node has now.
+    pub char_majors: Vec<u32>,
+}
+
+impl LineOwner {
+    /// The NVIDIA device (`/dev/nvidia1`) a `devN` or `lxc.mount.entry` value passes
+    /// through, if it is one.
+    pub fn nvidia_path<'a>(&self, key: &str, value: &'a str) -> Option<&'a str> {
+        let first = if is_dev_key(key) {
+            value.split(',').next()?
+        } else if key == "lxc.mount.entry" {
+            value.split_whitespace().next()?
+        } else {
+            return None;
+        };
+        let path = first.strip_prefix(self.root.as_str())?;
+        path.starts_with("/dev/nvidia").then_some(path)
+    }
+
+    /// Whether passthrough owns the line `key: value`.
+    pub fn owns(&self, key: &str, value: &str) -> bool {
+        if self.nvidia_path(key, value).is_some() {
+            return true;
+        }
+        if !is_allow_key(key) {
+            return false;
+        }
+        allow_major(value)
+            .is_some_and(|m| self.nvidia_majors.contains(&m) || !self.char_majors.contains(&m))
+    }
+}
+
+/// `c N:* rwm`-shaped device rules: the major, for the shape passthrough writes.
+pub fn allow_major(value: &str) -> Option<u32> {
+    let rest = value.trim().strip_prefix("c ")?;
+    let (major, tail) = rest.split_once(':')?;
+    (tail.trim() == "* rwm").then(|| major.trim().parse().ok())?
+}
+
+/// A device cgroup rule's key (cgroup v2 or v1).
+pub fn is_allow_key(k: &str) -> bool {
+    matches!(k, "lxc.cgroup2.devices.allow" | "lxc.cgroup.devices.allow")
 }
 
 impl PveLinesSpec {
+    /// Whether a found line is one of these lines' kind, so that one not wanted is
+    /// removed: `devN` entries when the lines have any, and what [`LineOwner`] owns.
+    pub fn owns(&self, key: &str, value: &str) -> bool {
+        let wanted_dev = self.pairs().iter().any(|(k, _)| is_dev_key(k));
+        (wanted_dev && is_dev_key(key)) || self.owner.as_ref().is_some_and(|o| o.owns(key, value))
+    }
+
     /// The lines as `(key, value)`.
     pub fn pairs(&self) -> Vec<(String, String)> {
         self.lines
@@ -31,7 +98,7 @@ impl PveLinesSpec {
 }
 
 /// `devN` keys: owned by device passthrough, so ones not wanted are removed.
-fn is_dev_key(k: &str) -> bool {
+pub fn is_dev_key(k: &str) -> bool {
     k.strip_prefix("dev")
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
@@ -50,10 +117,24 @@ impl Resource for PveLinesSpec {
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let found = facts
-            .pve_container(&self.probes()[0])?
-            .map(|f| f.config.clone())
+        let fact = facts.pve_container(&self.probes()[0])?;
+        // Options queued in `[pve:pending]` (a `pct set` on a running container) count as
+        // done: they take effect at the next start, as the container's own options do.
+        let mut found: Vec<(String, String)> = fact
+            .map(|f| {
+                f.config
+                    .iter()
+                    .filter(|(k, _)| !f.pending_delete.contains(k))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
+        if let Some(f) = fact {
+            for (k, v) in &f.pending {
+                found.retain(|(fk, _)| fk != k);
+                found.push((k.clone(), v.clone()));
+            }
+        }
         let want = self.pairs();
         let mut d = Delta::new(Action::Update);
         for (k, v) in &want {
@@ -64,9 +145,15 @@ impl Resource for PveLinesSpec {
                 d = d.attr(Attribute::change(k, have, Some(v.clone())));
             }
         }
-        let wanted_dev = want.iter().any(|(k, _)| is_dev_key(k));
         for (k, v) in &found {
-            if wanted_dev && is_dev_key(k) && !want.iter().any(|(wk, _)| wk == k) {
+            let wanted = if k.starts_with("lxc.") {
+                want.iter().any(|(wk, wv)| wk == k && wv == v)
+            } else {
+                want.iter().any(|(wk, _)| wk == k)
+            };
+            if !wanted && self.owns(k, v) {
+                // A line passthrough owns that is not wanted: left from another GPU
+                // selection or a driver whose majors moved.
                 d = d.attr(Attribute::change(k, Some(v.clone()), None));
             }
         }
@@ -76,12 +163,83 @@ impl Resource for PveLinesSpec {
         if d.attributes.len() == want.len() && d.attributes.iter().all(|a| a.before.is_none()) {
             d.action = Action::Create;
         }
+        d = d.reason(
+            "node step, root only: written over the node's SSH as root (`pct set --digest` for devN, the locked atomic edit of lxc/<vmid>.conf for lxc.* lines), read back; applied before the container starts, or at a reboot with `restart: allowed`",
+        );
         Ok(Some(d))
     }
 
     fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+        // Written over the node's SSH as root (`Op::Node`), not by guest steps.
         Err(StepsError::NotBuilt(
-            "root-only Proxmox config edits over SSH to the node are not built yet",
+            "root-only config lines are written over the node's SSH (a node step), not by guest steps",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::resources::container::PveContainerFact;
+    use crate::resources::wire::Fact;
+
+    fn facts(config: &[(&str, &str)], pending_delete: &[&str]) -> Facts {
+        let fact = PveContainerFact {
+            config: config
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            pending_delete: pending_delete.iter().map(|k| k.to_string()).collect(),
+            running: true,
+            ..Default::default()
+        };
+        Facts::Read(HashMap::from([(
+            Probe::PveContainer { vmid: 1 },
+            Fact::PveContainer(Some(fact)),
+        )]))
+    }
+
+    #[test]
+    fn stale_owned_lines_are_drift_and_pending_deletes_count_as_done() {
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "gpu-passthrough".into(),
+            lines: vec!["lxc.cgroup2.devices.allow: c 238:* rwm".into()],
+            owner: Some(LineOwner {
+                root: String::new(),
+                nvidia_majors: vec![195, 238],
+                char_majors: vec![1, 195, 238],
+            }),
+        };
+        let allow = "lxc.cgroup2.devices.allow";
+        // 509: no driver has it any more; 1: the user's rule, kept.
+        let d = spec
+            .diff(&facts(&[(allow, "c 509:* rwm"), (allow, "c 1:* rwm")], &[]))
+            .unwrap()
+            .unwrap();
+        let names: Vec<(&str, Option<&str>)> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.after.as_deref()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![(allow, Some("c 238:* rwm")), (allow, None)],
+            "{d:?}"
+        );
+        assert_eq!(d.attributes[1].before.as_deref(), Some("c 509:* rwm"));
+        let converged = facts(
+            &[(allow, "c 238:* rwm"), ("dev0", "/dev/nvidia0")],
+            &["dev0"],
+        );
+        let mut with_dev = spec.clone();
+        with_dev.lines.push("dev1: /dev/nvidia1".into());
+        // dev0 is owned (an NVIDIA node) but queued for deletion: only dev1 is missing.
+        let d = with_dev.diff(&converged).unwrap().unwrap();
+        assert_eq!(d.attributes.len(), 1, "{d:?}");
+        assert_eq!(d.attributes[0].name, "dev1");
+        assert!(spec.diff(&converged).unwrap().is_none());
     }
 }

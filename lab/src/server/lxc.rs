@@ -168,6 +168,17 @@ fn create(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
         ctx.user.check("/", &["Sys.Modify"])?;
     }
     check_modify(&ctx.user, vmid, None, &options, &[], unprivileged)?;
+    // vmids are unique cluster-wide (`check_vmid_unused` reads the cluster's vmlist).
+    if let Some(other) = app
+        .members
+        .iter()
+        .find(|m| m.node.lab.node != app.node.lab.node && m.node.exists(vmid))
+    {
+        return Err(ApiError::die(format!(
+            "unable to create CT {vmid} - VM {vmid} already exists on node '{}'",
+            other.node.lab.node
+        )));
+    }
     let req = CreateRequest {
         vmid,
         ostemplate,

@@ -26,18 +26,43 @@ use tokio_rustls::TlsAcceptor;
 use crate::node::Node;
 use crate::paths::Settings;
 
-/// Everything a request handler can reach.
+/// Everything a request handler can reach. In cluster mode the router hands a handler the
+/// view of the node its path names (`/nodes/{node}/...`); the rest is shared.
+#[derive(Clone)]
 pub struct App {
-    /// Container operations.
+    /// Container operations of the node the request addresses (the API's own node when
+    /// the path names none).
     pub node: Node,
-    /// Passwords, token secrets, ticket key.
-    pub secrets: auth::Secrets,
-    /// Running and finished tasks.
+    /// That node's running and finished tasks.
     pub tasks: Arc<tasks::Tasks>,
+    /// Every node of the cluster, the API's own first (just it outside cluster mode).
+    pub members: Arc<Vec<Member>>,
+    /// Passwords, token secrets, ticket key.
+    pub secrets: Arc<auth::Secrets>,
     /// Injected failures.
-    pub faults: faults::Faults,
+    pub faults: Arc<faults::Faults>,
     /// The official schema, when available; `Err` says why the layer is skipped.
-    pub schema: Result<schema::Schema, String>,
+    pub schema: Arc<Result<schema::Schema, String>>,
+}
+
+/// One node of the (lab) cluster: its containers and its tasks.
+pub struct Member {
+    /// Its container operations.
+    pub node: Node,
+    /// Its tasks.
+    pub tasks: Arc<tasks::Tasks>,
+}
+
+impl App {
+    /// The view of node `name`, or `None` when the cluster has no such node.
+    pub fn on(&self, name: &str) -> Option<App> {
+        let m = self.members.iter().find(|m| m.node.lab.node == name)?;
+        Some(App {
+            node: m.node.clone(),
+            tasks: m.tasks.clone(),
+            ..self.clone()
+        })
+    }
 }
 
 /// The self-signed certificate made at start.
@@ -115,12 +140,25 @@ pub async fn serve(lab: Settings) -> Result<()> {
         Err(why) => eprintln!("pve-lab: schema validation skipped: {why}"),
     }
     let faults = faults::Faults::from_env()?;
+    let members: Vec<Member> = lab
+        .members()
+        .into_iter()
+        .map(|s| Member {
+            tasks: Arc::new(tasks::Tasks::new(&s.node)),
+            node: Node::new(s),
+        })
+        .collect();
+    if members.len() > 1 {
+        let names: Vec<&str> = members.iter().map(|m| m.node.lab.node.as_str()).collect();
+        eprintln!("pve-lab: cluster mode, nodes {}", names.join(", "));
+    }
     let app = Arc::new(App {
-        tasks: Arc::new(tasks::Tasks::new(&lab.node)),
-        node: Node::new(lab.clone()),
-        secrets,
-        faults,
-        schema,
+        tasks: members[0].tasks.clone(),
+        node: members[0].node.clone(),
+        members: Arc::new(members),
+        secrets: Arc::new(secrets),
+        faults: Arc::new(faults),
+        schema: Arc::new(schema),
     });
 
     let certs = vec![rustls::pki_types::CertificateDer::from(

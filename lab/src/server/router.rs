@@ -119,7 +119,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
         task_fault,
     };
     let seg_refs: Vec<&str> = ctx.segs.iter().map(String::as_str).collect();
-    let schema_info = match (&app.schema, private) {
+    let schema_info = match (&*app.schema, private) {
         (Ok(schema), false) => match schema.method(&seg_refs, ctx.method.as_str()) {
             Some((tmpl, info)) => {
                 add_path_params(&tmpl, &seg_refs, &mut ctx.params);
@@ -142,7 +142,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
     let result = tokio::task::spawn_blocking(move || dispatch(&app2, ctx))
         .await
         .unwrap_or_else(|e| Err(ApiError::die(format!("internal error: {e}"))));
-    let result = match (result, schema_info, &app.schema) {
+    let result = match (result, schema_info, &*app.schema) {
         (Ok(reply), Some(info), Ok(schema)) => match schema.check_returns(info, &reply.data) {
             Ok(()) => Ok(reply),
             Err(e) => Err(ApiError::die(format!(
@@ -188,18 +188,25 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
     let segs: Vec<String> = ctx.segs.clone();
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     let m = ctx.method.clone();
-    if let ["nodes", node, ..] = s.as_slice() {
-        if *node != app.node.lab.node {
+    // In cluster mode any member's API reaches every node, as on Proxmox.
+    let view;
+    let app = if let ["nodes", node, ..] = s.as_slice() {
+        let Some(on) = app.on(node) else {
             return Err(ApiError::die(format!(
                 "hostname lookup '{node}' failed - failed to get address info for: {node}: Name or service not known"
             )));
-        }
+        };
         ctx.params.0.insert("node".into(), json!(node));
-    }
+        view = on;
+        &view
+    } else {
+        app
+    };
     match (m, s.as_slice()) {
         (Method::GET, ["version"]) => super::cluster::version(),
         (Method::GET, ["cluster", "nextid"]) => super::cluster::nextid(app, &ctx),
         (Method::GET, ["nodes"]) => super::cluster::nodes(app),
+        (Method::GET, ["cluster", "resources"]) => super::cluster::resources(app, &ctx),
         (Method::GET, ["nodes", _]) => {
             Ok(subdirs(&["lxc", "storage", "tasks", "status", "version"]))
         }
@@ -214,7 +221,7 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
         }
         (m, ["lab", "faults"]) => faults(app, &ctx, m),
         (Method::GET, ["lab", "status"]) => Ok(Reply::data(json!({
-            "schema": match &app.schema { Ok(_) => "on".to_string(), Err(why) => format!("skipped: {why}") },
+            "schema": match &*app.schema { Ok(_) => "on".to_string(), Err(why) => format!("skipped: {why}") },
             "node": app.node.lab.node,
         }))),
         _ => Err(not_implemented(&ctx)),

@@ -1,0 +1,462 @@
+//! The whole Proxmox side through the CLI, as a user drives it: the built `provision`
+//! binary against the lab (its API and its node's SSH, real LXC under both) with an
+//! inventory written to a temp dir. From an empty node `apply` creates the container
+//! (stopped), writes its GPU passthrough lines over node SSH, starts it, bootstraps its
+//! guest through the node (host keys recorded, no `--accept-new-host-keys`) and converges
+//! the guest; a second apply has nothing to do; in-place changes; drift made through the
+//! API, through `pct set` over node SSH and by editing the config file is found by `check`
+//! (exit 2) and repaired; a template change is refused without `--allow-replace`; an
+//! existing container is adopted and its GPU lines take effect at an allowed reboot.
+//! Needs root and the lab (`eval "$(scripts/lab up)"`, or the testkit brings one up).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use provision_lab::client::PveClient;
+use provision_lab::testkit::{ContainerSpec, LabEnv};
+
+fn lab() -> LabEnv {
+    LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
+}
+
+/// Stops and destroys a container on drop, whatever the test did.
+struct Cleanup {
+    api: PveClient,
+    node: String,
+    vmid: u32,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let base = format!("/nodes/{}/lxc/{}", self.node, self.vmid);
+        for (method, path) in [("POST", format!("{base}/status/stop")), ("DELETE", base)] {
+            if let Ok(upid) = self.api.call(method, &path, &[]) {
+                let _ = self.api.wait_task(
+                    &self.node,
+                    upid.as_str().unwrap_or(""),
+                    Duration::from_secs(60),
+                );
+            }
+        }
+    }
+}
+
+fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
+    let make = || Cleanup {
+        api: lab.root_api().unwrap(),
+        node: lab.node().to_string(),
+        vmid,
+    };
+    // A container left by an earlier, interrupted run goes first.
+    drop(make());
+    make()
+}
+
+/// A test's own directory: inventory, roles, known_hosts pinning the lab node.
+struct Cli {
+    lab: LabEnv,
+    dir: tempfile::TempDir,
+}
+
+/// What the inventory's one container says.
+struct Ct {
+    name: &'static str,
+    vmid: u32,
+    hostname: Option<String>,
+    ip_host: u32,
+    memory: &'static str,
+    cores: u32,
+    mount: Option<PathBuf>,
+    restart: &'static str,
+    template: String,
+    content: &'static str,
+    disk_gib: u32,
+    /// Authenticate with the API token instead of a root@pam ticket.
+    token: bool,
+}
+
+impl Cli {
+    fn new(lab: LabEnv) -> Cli {
+        let dir = tempfile::tempdir().unwrap();
+        let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+        let key = std::fs::read_to_string(lab.dir().join("secrets/ssh_host_ed25519_key.pub"))
+            .expect("the lab node's host key");
+        let mut parts = key.split_whitespace();
+        std::fs::write(
+            dir.path().join("known_hosts"),
+            format!(
+                "[{host}]:{port} {} {}\n",
+                parts.next().unwrap(),
+                parts.next().unwrap()
+            ),
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("roles")).unwrap();
+        Cli { lab, dir }
+    }
+
+    fn ct(&self, name: &'static str, vmid: u32, ip_host: u32) -> Ct {
+        Ct {
+            name,
+            vmid,
+            hostname: None,
+            ip_host,
+            memory: "512M",
+            cores: 1,
+            mount: None,
+            restart: "never",
+            template: self.lab.vars["LAB_TEMPLATE"].clone(),
+            content: "hello = 1\n",
+            disk_gib: 2,
+            token: false,
+        }
+    }
+
+    fn ip(&self, ct: &Ct) -> String {
+        let (gw, _) = self.lab.vars["LAB_BRIDGE_CIDR"].split_once('/').unwrap();
+        let net: Vec<&str> = gw.split('.').collect();
+        format!("{}.{}.{}.{}", net[0], net[1], net[2], ct.ip_host)
+    }
+
+    /// Writes the inventory (and its role) for `ct`; `node_ssh: false` leaves the node
+    /// without SSH.
+    fn write(&self, ct: &Ct, node_ssh: bool) -> PathBuf {
+        let lab = &self.lab;
+        let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+        let key = lab.key_path();
+        let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+        let (gw, _) = lab.vars["LAB_BRIDGE_CIDR"].split_once('/').unwrap();
+        std::fs::write(
+            self.dir.path().join("roles/app.yaml"),
+            format!(
+                "description: A small guest.\nresources:\n  - kind: file\n    path: /etc/app.conf\n    content: {:?}\n",
+                ct.content
+            ),
+        )
+        .unwrap();
+        let node_ssh = if node_ssh {
+            format!(
+                "ssh: {{ host: {host}, port: {port}, identity_file: {} }}",
+                key.display()
+            )
+        } else {
+            "ssh: { user: root }".into()
+        };
+        let hostname = ct
+            .hostname
+            .as_ref()
+            .map(|h| format!("        hostname: {h}\n"))
+            .unwrap_or_default();
+        let mounts = ct
+            .mount
+            .as_ref()
+            .map(|m| {
+                format!(
+                    "        mounts:\n          - {{ host: {}, path: /data }}\n",
+                    m.display()
+                )
+            })
+            .unwrap_or_default();
+        let text = format!(
+            r#"paths: {{ roles: roles }}
+nodes:
+  lab:
+    api:
+      url: {{ env: PVE_URL }}
+      node: {node}
+      {auth}
+      tls: {{ fingerprint: {{ env: PVE_FINGERPRINT }} }}
+    {node_ssh}
+    config_root: {root}
+    containers:
+      {name}:
+        vmid: {vmid}
+{hostname}        template: {template}
+        cores: {cores}
+        memory: {memory}
+        swap: 0
+        rootfs: {{ storage: local, size: {disk}G }}
+        unprivileged: false
+        network:
+          - {{ bridge: {bridge}, ip: {ip}/24, gateway: {gw} }}
+        restart: {restart}
+        ssh_keys: [{public:?}]
+        ssh: {{ identity_file: {key} }}
+        gpus: {{ devices: [1], method: lxc }}
+        roles: [gpu-passthrough, app]
+{mounts}"#,
+            node = lab.node(),
+            root = lab.vars["LAB_PVE_ROOT"],
+            name = ct.name,
+            vmid = ct.vmid,
+            template = ct.template,
+            cores = ct.cores,
+            memory = ct.memory,
+            bridge = lab.vars["LAB_BRIDGE"],
+            ip = self.ip(ct),
+            restart = ct.restart,
+            disk = ct.disk_gib,
+            auth = if ct.token {
+                "token: { env: PVE_TOKEN }"
+            } else {
+                "password: { env: PVE_ROOT_PASSWORD }"
+            },
+            public = public.trim(),
+            key = key.display(),
+        );
+        let path = self.dir.path().join("inventory.yaml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// `provision ARGS INVENTORY` with the lab's exports and this test's known_hosts.
+    fn run(&self, args: &[&str]) -> Output {
+        let lab = &self.lab;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
+        cmd.args(args)
+            .arg("--known-hosts")
+            .arg(self.dir.path().join("known_hosts"))
+            .arg(self.dir.path().join("inventory.yaml"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", self.dir.path())
+            .env("NO_COLOR", "1")
+            .env("PROVISION_NODE_ROOT", &lab.vars["LAB_GPU_ROOT"])
+            .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
+        for k in [
+            "PVE_URL",
+            "PVE_FINGERPRINT",
+            "PVE_ROOT_PASSWORD",
+            "PVE_TOKEN",
+        ] {
+            cmd.env(k, &lab.vars[k]);
+        }
+        cmd.output().unwrap()
+    }
+
+    fn expect(&self, args: &[&str], code: i32) -> String {
+        let o = self.run(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(o.status.code(), Some(code), "provision {args:?}:\n{text}");
+        text
+    }
+
+    /// A command in the guest over SSH as root, checked against this test's known_hosts
+    /// (strict: the keys provision recorded from the node).
+    fn guest(&self, ct: &Ct, cmd: &str) -> String {
+        self.ssh(&format!("root@{}", self.ip(ct)), "22", cmd)
+    }
+
+    /// A command on the lab node over its SSH as root.
+    fn node(&self, cmd: &str) -> String {
+        let (host, port) = self.lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
+        self.ssh(&format!("root@{host}"), port, cmd)
+    }
+
+    fn ssh(&self, to: &str, port: &str, cmd: &str) -> String {
+        let o = Command::new("ssh")
+            .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-p", port])
+            .args(["-o", "StrictHostKeyChecking=yes", "-o"])
+            .arg(format!(
+                "UserKnownHostsFile={}",
+                self.dir.path().join("known_hosts").display()
+            ))
+            .arg("-i")
+            .arg(self.lab.key_path())
+            .arg(to)
+            .arg(cmd)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "`{cmd}` on {to}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn conf(&self, vmid: u32) -> PathBuf {
+        Path::new(&self.lab.vars["LAB_PVE_ROOT"])
+            .join(format!("nodes/{}/lxc/{vmid}.conf", self.lab.node()))
+    }
+}
+
+/// Whether the plan in `text` shows `name` changing as `change` (`a -> b`).
+fn changed(text: &str, name: &str, change: &str) -> bool {
+    text.lines().any(|l| {
+        l.trim_start().starts_with(&format!("~ {name} ")) && l.trim_end().ends_with(change)
+    })
+}
+
+/// The selected stand-in GPU is in the container with its major:minor, the cgroup lets
+/// it be opened (ENXIO from the stand-in, not EPERM), and the other GPU is not there.
+fn assert_gpu_visible(cli: &Cli, ct: &Ct) {
+    let out = cli.guest(
+        ct,
+        "stat -c '%t:%T' /dev/nvidia1 /dev/nvidiactl; ls /dev/nvidia0 2>&1; head -c1 /dev/nvidia1 2>&1; true",
+    );
+    assert!(out.starts_with("c3:1\nc3:ff\n"), "{out}");
+    assert!(out.contains("'/dev/nvidia0': No such file"), "{out}");
+    assert!(out.contains("No such device or address"), "{out}");
+}
+
+#[test]
+fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
+    let lab = lab();
+    let _guard = cleanup(&lab, 9261);
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-one", 9261, 241);
+    cli.write(&ct, true);
+
+    // The plan shows the node step and the bootstrap before anything exists.
+    let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("node step, root only"), "{plan}");
+    assert!(plan.contains("bootstrap"), "{plan}");
+    assert!(plan.contains("+ file /etc/app.conf"), "{plan}");
+
+    // One apply, no --accept-new-host-keys: create -> lines -> start -> bootstrap -> guest.
+    let out = cli.expect(&["apply", "--yes"], 0);
+    let order = [
+        "create CT 9261 (started after its root-only lines)",
+        "locked edit of",
+        "start CT 9261",
+        "bootstrap through node",
+        "write /etc/app.conf",
+    ];
+    let at: Vec<usize> = order
+        .iter()
+        .map(|s| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}")))
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    assert_gpu_visible(&cli, &ct);
+    cli.expect(&["plan", "--detailed-exitcode"], 0);
+
+    // In place: memory, cores, a bind mount (root@pam ticket), the guest's file.
+    let data = cli.dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("kept"), "host data\n").unwrap();
+    ct.memory = "768M";
+    ct.cores = 2;
+    ct.mount = Some(data);
+    ct.restart = "allowed";
+    ct.content = "hello = 2\n";
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(changed(&out, "memory", "512 -> 768"), "{out}");
+    cli.expect(&["check"], 0);
+    assert_eq!(
+        cli.guest(&ct, "cat /etc/app.conf /data/kept"),
+        "hello = 2\nhost data\n"
+    );
+    assert_eq!(cli.guest(&ct, "nproc").trim(), "2");
+
+    // Drift through the API, through `pct set` over node SSH, and in the file itself.
+    let api = cli.lab.root_api().unwrap();
+    let base = format!("/nodes/{}/lxc/9261/config", cli.lab.node());
+    api.call("PUT", &base, &[("cores", "1")]).unwrap();
+    cli.node("pct set 9261 --memory 1024");
+    let conf = cli.conf(9261);
+    let text = std::fs::read_to_string(&conf).unwrap();
+    assert!(text.contains("c 238:* rwm"), "{text}");
+    std::fs::write(&conf, text.replace("c 238:* rwm", "c 509:* rwm")).unwrap();
+    let drift = cli.expect(&["check"], 2);
+    assert!(changed(&drift, "cores", "1 -> 2"), "{drift}");
+    assert!(changed(&drift, "memory", "1024 -> 768"), "{drift}");
+    assert!(
+        drift.contains("+ lxc.cgroup2.devices.allow = c 238:* rwm")
+            && drift.contains("- lxc.cgroup2.devices.allow = c 509:* rwm"),
+        "{drift}"
+    );
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("1 line(s) added, 1 removed"), "{out}");
+    cli.expect(&["check"], 0);
+    // `restart: allowed`: the container was rebooted for its new lines.
+    assert_gpu_visible(&cli, &ct);
+
+    // A new address: changed live; the guest, now unknown at that address, is
+    // bootstrapped through the node and its keys (the same ones) recorded there.
+    ct.ip_host = 242;
+    ct.content = "hello = 3\n";
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("read through node"), "{out}");
+    assert!(out.contains("bootstrap through node"), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 3\n");
+    cli.expect(&["check"], 0);
+
+    // A template change is refused without --allow-replace, and nothing changes.
+    let before = std::fs::read_to_string(&conf).unwrap();
+    ct.template = ct.template.replace(".tar.zst", "-other.tar.zst");
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 1);
+    assert!(out.contains("--allow-replace"), "{out}");
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), before);
+}
+
+#[test]
+fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
+    let lab = lab();
+    // A container provision did not create, running, with its guest answering SSH.
+    let existing = lab
+        .create_container(ContainerSpec {
+            privileged: true,
+            ..Default::default()
+        })
+        .expect("a lab container");
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-adopt", existing.vmid, 0);
+    ct.ip_host = existing.ip.octets()[3].into();
+    ct.hostname = Some(format!("ct{}", existing.vmid));
+    ct.disk_gib = 4;
+    cli.write(&ct, true);
+    let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("adopted"), "{plan}");
+    assert!(!plan.contains("+ container"), "never recreated: {plan}");
+    assert!(plan.contains("read through node"), "{plan}");
+    // Its host key is not on file: the guest is read through the node, then apply
+    // bootstraps it (keys recorded from the node) before SSH takes over. `restart:
+    // never`: the lines are written but wait for the next start, and apply says so.
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("bootstrap through node"), "{out}");
+    assert!(out.contains("take effect at its next start"), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    // The config matches, but the running container does not see its GPU: drift.
+    let drift = cli.expect(&["check"], 2);
+    assert!(
+        drift.contains("/dev/nvidia1 is not in the container"),
+        "{drift}"
+    );
+    ct.restart = "allowed";
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("reboot CT"), "{out}");
+    assert!(out.contains("GPU checks in CT"), "{out}");
+    let clean = cli.expect(&["plan", "--detailed-exitcode"], 0);
+    assert!(
+        clean.contains("driver: not checked (no nvidia-smi in the container)"),
+        "{clean}"
+    );
+    assert_gpu_visible(&cli, &ct);
+}
+
+#[test]
+fn gpu_lines_without_node_ssh_are_refused_before_anything_changes() {
+    let lab = lab();
+    let _guard = cleanup(&lab, 9263);
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-nossh", 9263, 243);
+    ct.token = true;
+    cli.write(&ct, false);
+    for cmd in ["plan", "apply"] {
+        let out = cli.expect(&[cmd, "--yes"][..if cmd == "plan" { 1 } else { 2 }], 1);
+        assert!(out.contains("has no `ssh.host`"), "{out}");
+        assert!(out.contains("root-only"), "{out}");
+    }
+    assert!(!cli.conf(9263).exists(), "nothing was created");
+}
