@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -84,22 +84,58 @@ impl HostError {
     }
 }
 
-/// Runs a program, failing with its output's tail when it exits non-zero.
+/// Runs a program, failing with its output's tail when it exits non-zero. Its output
+/// lines are reported as progress while it runs (at most a few a second), so a long apt or
+/// pip run shows its last line on the workstation.
 pub fn run(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<(), HostError> {
-    output(program, args, env).map(drop)
+    execute(program, args, env, true).map(drop)
 }
 
 /// Runs a program; its stdout, or an error with its output's tail when it exits non-zero.
 pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<String, HostError> {
-    let out = Command::new(program)
+    execute(program, args, env, false)
+}
+
+/// Runs a program; its stdout, or an error with its output's tail. With `report`, its
+/// lines go out as progress while it runs.
+fn execute(
+    program: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    report: bool,
+) -> Result<String, HostError> {
+    let mut child = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|source| HostError::Spawn {
             program: program.to_string(),
             source,
         })?;
+    let last = std::sync::Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|s| reported(Box::new(s), last.clone(), report));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|s| reported(Box::new(s), last, report));
+    let status = child.wait().map_err(|source| HostError::Spawn {
+        program: program.to_string(),
+        source,
+    })?;
+    let collect = |t: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        t.and_then(|t| t.join().ok()).unwrap_or_default()
+    };
+    let out = std::process::Output {
+        status,
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    };
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
@@ -115,6 +151,44 @@ pub fn output(program: &str, args: &[String], env: &[(&str, &str)]) -> Result<St
             .code()
             .map_or("a signal".to_string(), |c| c.to_string()),
         output: lines[lines.len().saturating_sub(15)..].join("\n"),
+    })
+}
+
+/// Reads `stream` to its end on a thread; with `report`, its newest complete line goes
+/// out as progress (at most one every 300 ms across the program's streams, `last` shared
+/// between them). Every byte read.
+fn reported(
+    mut stream: Box<dyn std::io::Read + Send>,
+    last: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    report: bool,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 8192];
+        let mut line_start = 0;
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+            if !report {
+                continue;
+            }
+            let Some(end) = all[line_start..].iter().rposition(|&b| b == b'\n') else {
+                continue;
+            };
+            let end = line_start + end;
+            let mut when = last.lock().unwrap_or_else(|p| p.into_inner());
+            if when.is_none_or(|w| w.elapsed() >= std::time::Duration::from_millis(300)) {
+                let text = String::from_utf8_lossy(&all[line_start..end]);
+                // The newest line; a progress bar redraws with \r, its last state counts.
+                let newest = text.lines().last().unwrap_or_default();
+                crate::progress::line(newest.rsplit('\r').next().unwrap_or_default());
+                *when = Some(std::time::Instant::now());
+            }
+            line_start = end + 1;
+        }
+        all
     })
 }
 

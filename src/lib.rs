@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod node;
 pub mod plan;
 pub mod printer;
+pub mod progress;
 pub mod proxmox;
 pub mod render;
 pub mod resources;

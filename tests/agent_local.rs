@@ -24,6 +24,8 @@ use provision::transport::{ExecOutput, Transport, TransportError};
 struct Counting {
     inner: LocalTransport,
     calls: AtomicUsize,
+    /// Requests that start a detached apply.
+    starts: AtomicUsize,
 }
 
 impl Transport for Counting {
@@ -34,6 +36,9 @@ impl Transport for Counting {
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if String::from_utf8_lossy(stdin).contains("\"op\":\"start\"") {
+            self.starts.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.exec(command, stdin, timeout)
     }
     fn describe(&self) -> String {
@@ -119,7 +124,8 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
 
-    // Apply: one round trip for the steps, one to verify.
+    // Apply: one round trip starts the steps (detached on the target), one or more follow
+    // their events until the last, one verifies.
     t.calls.store(0, Ordering::SeqCst);
     let outcomes = apply(
         &p,
@@ -129,7 +135,8 @@ fn push_once_probe_apply_verify_and_detect_drift() {
         &|_, _| {},
     )
     .unwrap();
-    assert_eq!(t.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(t.starts.load(Ordering::SeqCst), 1);
+    assert!(t.calls.load(Ordering::SeqCst) >= 3);
     assert_eq!(outcomes[0].steps.len(), 3);
     let conf = root.join("etc/app/app.conf");
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
@@ -212,7 +219,10 @@ fn a_failing_step_stops_the_run_and_says_why() {
 }
 
 #[test]
-fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
+fn an_offline_plan_is_refused_before_any_connection() {
+    // Every kind llm-two declares can be applied now (the container through the API, its
+    // root-only lines over node SSH, the guest through the agent); a plan made against an
+    // empty world still cannot be: it is refused whole, before anything is reached.
     let prepared = provision::cli::prepare(Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/inventory/llm-two.yaml"
@@ -233,7 +243,7 @@ fn unbuilt_resource_kinds_refuse_the_whole_plan_before_any_step() {
     .unwrap_err();
     let text = provision::cli::render_error(&err, false);
     assert!(
-        text.contains("cannot be applied yet; nothing was changed"),
+        text.contains("made with --offline against an empty world; nothing was changed"),
         "{text}"
     );
     assert!(!connected.load(std::sync::atomic::Ordering::SeqCst));

@@ -82,7 +82,11 @@ fn lab(name: &str) -> Lab {
 fn deploy_seconds(stderr: &str) -> f64 {
     stderr
         .lines()
-        .find(|l| l.contains(": deploy sglang-qwen.service"))
+        // The step's end (its start is a line of its own, streamed as it begins).
+        .find(|l| {
+            l.contains(": deploy sglang-qwen.service")
+                && (l.contains(" ... done (") || l.contains(" ... FAILED ("))
+        })
         .and_then(|l| l.rsplit_once('(').map(|(_, t)| t))
         .and_then(|t| t.split_once('s').map(|(n, _)| n))
         .and_then(|n| n.parse().ok())

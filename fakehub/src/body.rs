@@ -1,5 +1,5 @@
 //! Response bodies: fixed bytes, or a file's generated content streamed in frames, with its
-//! faults (reset, a flipped byte, a slow rate) applied on the way out.
+//! faults (reset, a stall, a flipped byte, a slow rate) applied on the way out.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,8 @@ pub(crate) struct GenBody {
     pub pos: u64,
     pub end: u64,
     pub reset_at: Option<u64>,
+    /// From this offset on nothing more is sent, and the connection stays open.
+    pub stall_at: Option<u64>,
     pub corrupt_at: Option<u64>,
     pub rate: Option<u64>,
     pub sleep: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -82,6 +84,10 @@ impl GenBody {
             }
             self.sleep = None;
         }
+        if self.stall_at == Some(self.pos) {
+            // No waker is kept: the body is never polled again, the client waits in vain.
+            return Poll::Pending;
+        }
         if self.reset_at == Some(self.pos) {
             return Poll::Ready(Some(Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionReset,
@@ -90,6 +96,9 @@ impl GenBody {
         }
         let mut n = FRAME.min(self.end - self.pos);
         if let Some(r) = self.reset_at {
+            n = n.min(r - self.pos);
+        }
+        if let Some(r) = self.stall_at {
             n = n.min(r - self.pos);
         }
         if let Some(rate) = self.rate {

@@ -81,6 +81,12 @@ pub enum FaultKind {
         /// Body bytes sent before the reset.
         after: u64,
     },
+    /// After `after` bytes of the response body nothing more is sent; the connection
+    /// stays open (a stalled download).
+    Stall {
+        /// Body bytes sent before the stall.
+        after: u64,
+    },
     /// The byte at file offset `offset` is flipped when a response covers it.
     Corrupt {
         /// The file offset.

@@ -539,6 +539,7 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
         pos: start,
         end,
         reset_at: None,
+        stall_at: None,
         corrupt_at: None,
         rate: None,
         sleep: None,
@@ -548,6 +549,7 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
     for f in &faults {
         match f {
             FaultKind::Reset { after } => body.reset_at = Some(start + after),
+            FaultKind::Stall { after } => body.stall_at = Some(start + after),
             FaultKind::Corrupt { offset } => body.corrupt_at = Some(*offset),
             FaultKind::Slow { bytes_per_sec } => body.rate = Some((*bytes_per_sec).max(1)),
             FaultKind::Status { .. } | FaultKind::IgnoreRange => {}

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::attach::{self, Ended, Observer};
 use crate::access::{AccessError, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::resources::wire::{Event, Fact, Facts, PROTOCOL_VERSION, Probe, Request};
+use crate::resources::wire::{Event, Fact, Facts, Holder, PROTOCOL_VERSION, Probe, Request};
 use crate::transport::{Transport, TransportError, shell_quote};
 
 /// Where agents live on targets, unless `PROVISION_AGENT_DIR` says otherwise (tests).
@@ -70,6 +71,39 @@ pub enum AgentError {
         /// Why.
         detail: String,
     },
+    /// Another apply holds the target's lock; nothing was started.
+    #[error("another apply is running on {target}: {holder}; nothing was started")]
+    Busy {
+        /// The target.
+        target: String,
+        /// Who holds the lock.
+        holder: Box<Holder>,
+    },
+    /// Ctrl-C: the run stopped cleanly between two steps.
+    #[error(
+        "apply interrupted on {target}: {done} of {total} step(s) done, the rest not started; \
+         nothing is half-written. Run apply again to finish"
+    )]
+    Interrupted {
+        /// The target.
+        target: String,
+        /// Steps that ran.
+        done: usize,
+        /// Steps asked for.
+        total: usize,
+    },
+    /// A second Ctrl-C: provision stopped following, the run goes on.
+    #[error(
+        "stopped following {target}; the apply goes on there as run {} (agent pid {}) and \
+         holds the target's lock until it ends; its events: <agent dir>/runs/{}/events.jsonl",
+        holder.run, holder.agent_pid, holder.run
+    )]
+    Detached {
+        /// The target.
+        target: String,
+        /// The run left going.
+        holder: Box<Holder>,
+    },
 }
 
 /// This binary, as it is pushed to targets: read and hashed once per run.
@@ -119,7 +153,6 @@ struct Conn {
     transport: Arc<dyn Transport>,
     binary: Arc<AgentBinary>,
     dir: String,
-    timeout: Duration,
 }
 
 impl Conn {
@@ -130,7 +163,6 @@ impl Conn {
             transport,
             binary,
             dir,
-            timeout: Duration::from_secs(3600),
         }
     }
 
@@ -142,8 +174,9 @@ impl Conn {
         format!("{}/bin/provision-{}", self.dir, &self.binary.sha256[..16])
     }
 
-    /// Sends one request; pushes the binary first if the target lacks it.
-    fn call(&self, request: &Request) -> Result<Vec<Event>, AgentError> {
+    /// Sends one request, which must be answered within `timeout`; pushes the binary first
+    /// if the target lacks it.
+    fn call(&self, request: &Request, timeout: Duration) -> Result<Vec<Event>, AgentError> {
         let body = serde_json::to_vec(request).map_err(|e| AgentError::Protocol {
             target: self.target(),
             detail: e.to_string(),
@@ -153,7 +186,7 @@ impl Conn {
             "p={bin}; if [ ! -x \"$p\" ]; then echo {MISSING}; exit 0; fi; \"$p\" agent; rc=$?; \
              if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
-        let mut out = self.transport.exec(&script, &body, self.timeout)?;
+        let mut out = self.transport.exec(&script, &body, timeout)?;
         // 127 with no output: the binary vanished between the test and exec (pruned by
         // an apply of another version after days unused); push it again.
         let vanished = out.status == Some(127) && out.stdout.is_empty();
@@ -249,10 +282,15 @@ impl Conn {
         if probes.is_empty() {
             return Ok(Facts::Read(HashMap::new()));
         }
-        let events = self.call(&Request::Probe {
-            probes: probes.to_vec(),
-            verify_full,
-        })?;
+        // Reading is bounded by the hashing of what is there (`--verify-full` over
+        // hundreds of GB), never by a download: hours are the honest bound.
+        let events = self.call(
+            &Request::Probe {
+                probes: probes.to_vec(),
+                verify_full,
+            },
+            Duration::from_secs(6 * 3600),
+        )?;
         let answers = events
             .into_iter()
             .find_map(|e| match e {
@@ -333,6 +371,7 @@ impl TargetReader for AgentReader {
 /// Write access to one target through its agent: probes and steps.
 pub struct AgentWriter {
     conn: Conn,
+    observe: Option<Observer>,
     verify_full: bool,
 }
 
@@ -341,8 +380,15 @@ impl AgentWriter {
     pub fn new(transport: Arc<dyn Transport>, binary: Arc<AgentBinary>) -> Self {
         AgentWriter {
             conn: Conn::new(transport, binary),
+            observe: None,
             verify_full: false,
         }
+    }
+
+    /// Hands every event of the run to `observe` as it arrives.
+    pub fn observe(mut self, observe: Observer) -> Self {
+        self.observe = Some(observe);
+        self
     }
 
     /// Its reads (the stale-plan check and the verification after the steps) re-hash model
@@ -383,38 +429,41 @@ impl TargetWriter for AgentWriter {
                 }),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let events = self.conn.call(&Request::Apply { steps })?;
-        let mut outcomes = Vec::new();
-        let mut pending: Option<String> = None;
-        for e in events {
-            match e {
-                Event::StepStarted { description, .. } => pending = Some(description),
-                Event::StepDone {
-                    error,
-                    hints,
-                    detail,
-                    millis,
-                    ..
-                } => outcomes.push(OpOutcome {
-                    description: pending.take().unwrap_or_default(),
-                    error,
-                    hints,
-                    detail,
-                    millis,
-                }),
-                _ => {}
+        let total = steps.len();
+        let target = self.conn.target();
+        // Errors of the protocol layer name no target; this is where it is known.
+        let named = |e: AgentError| match e {
+            AgentError::Protocol { target: t, detail } if t.is_empty() => AgentError::Protocol {
+                target: target.clone(),
+                detail,
+            },
+            other => other,
+        };
+        let call = |r: &Request, t: Duration| self.conn.call(r, t);
+        match attach::run_detached(&call, steps, &self.observe).map_err(named)? {
+            Ended::Done(outcomes) => Ok(outcomes),
+            Ended::Busy(holder) => Err(AgentError::Busy {
+                target,
+                holder: Box::new(holder),
+            }
+            .into()),
+            Ended::Detached(holder) => Err(AgentError::Detached {
+                target,
+                holder: Box::new(holder),
+            }
+            .into()),
+            Ended::Stopped(outcomes) => {
+                if outcomes.iter().any(|o| o.error.is_some()) {
+                    // The step that was running failed on its own: that is the news.
+                    return Ok(outcomes);
+                }
+                Err(AgentError::Interrupted {
+                    target,
+                    done: outcomes.len(),
+                    total,
+                }
+                .into())
             }
         }
-        if let Some(description) = pending {
-            // Started and never finished: the agent died in the middle of it.
-            outcomes.push(OpOutcome {
-                description,
-                error: Some("the agent stopped during this step".into()),
-                hints: Vec::new(),
-                detail: None,
-                millis: 0,
-            });
-        }
-        Ok(outcomes)
     }
 }

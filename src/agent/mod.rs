@@ -1,14 +1,16 @@
 //! What runs on the target. provision pushes its own binary there (content-addressed
 //! under `/var/lib/provision/`) and runs `provision agent`, which reads one JSON
 //! [`Request`] on stdin and answers with JSON lines on stdout: all facts of a host in one
-//! round trip, all steps of an apply in one more, and large work (hashing, downloads) next
-//! to the data instead of through the workstation.
+//! round trip; an apply's steps run detached from the connection ([`run`]), followed by
+//! short round trips; large work (hashing, downloads) runs next to the data instead of
+//! through the workstation.
 
+pub mod attach;
 pub mod cache;
 pub mod client;
+pub mod run;
 
 use std::io::{BufRead, Write};
-use std::time::Instant;
 
 use crate::resources::wire::{Answer, Event, PROTOCOL_VERSION, Request, answer};
 
@@ -59,39 +61,23 @@ pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result
                 .collect();
             emit(&Event::Facts { answers })
         }
-        Request::Apply { steps } => {
-            for (index, step) in steps.iter().enumerate() {
-                emit(&Event::StepStarted {
-                    index,
-                    description: step.describe(),
-                })?;
-                let started = Instant::now();
-                let result = step.run();
-                let failed = result.is_err();
-                let (detail, error, hints) = match result {
-                    Ok(detail) => (detail, None, Vec::new()),
-                    Err(e) => (None, Some(e.message), e.hints),
-                };
-                emit(&Event::StepDone {
-                    index,
-                    error,
-                    hints,
-                    detail,
-                    millis: started.elapsed().as_millis() as u64,
-                })?;
-                if failed {
-                    break;
-                }
-            }
-            // Only an apply stamps its use and prunes the cache, and only what is long
-            // unused and not running; neither ever fails the apply.
-            if let Some(exe) = &exe
-                && let Some(bin) = exe.parent()
-            {
-                let _ = cache::stamp(exe);
-                let _ = cache::prune(bin, exe, cache::PRUNE_AFTER);
-            }
-            Ok(())
-        }
+        Request::Start { run, steps, holder } => emit(&answer_run(run::start(&run, steps, holder))),
+        Request::Follow {
+            run,
+            offset,
+            wait_ms,
+        } => emit(&answer_run(run::follow(
+            &run,
+            offset,
+            std::time::Duration::from_millis(wait_ms.min(60_000)),
+        ))),
+        Request::Stop { run, now } => emit(&answer_run(run::stop(&run, now))),
     }
+}
+
+/// A run's answer, or why there is none (as a bad request: the client stops on it).
+fn answer_run(r: Result<Event, run::RunError>) -> Event {
+    r.unwrap_or_else(|e| Event::BadRequest {
+        error: e.to_string(),
+    })
 }

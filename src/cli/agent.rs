@@ -8,10 +8,18 @@ use crate::printer::Printer;
 
 /// Arguments of `provision agent`.
 #[derive(Debug, Args)]
-pub struct AgentArgs {}
+pub struct AgentArgs {
+    /// Run the detached apply whose folder this is (started by the agent itself).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub run: Option<std::path::PathBuf>,
+}
 
 /// Runs the agent on this machine.
-pub fn run(_args: &AgentArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
+pub fn run(args: &AgentArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
+    if let Some(dir) = &args.run {
+        crate::agent::run::runner(dir)?;
+        return Ok(ExitStatus::Success);
+    }
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let stdout = std::io::stdout();

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use console::Style;
 
 use super::plan::{print_plan, read_plan};
 use super::targets::{Connections, TargetArgs};
@@ -99,9 +98,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         .iter()
         .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
     let conns = Connections::new(&loaded, &target_args, binary, printer);
-    let green = printer.style_err(Style::new().green());
-    let red = printer.style_err(Style::new().red().bold());
-    let outcomes = online::apply(
+    // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
+    let display = super::progress::Display::new(printer, args.json);
+    let applied = online::apply(
         &plan,
         online::ApplyOptions {
             rollback: !args.no_rollback,
@@ -110,31 +109,32 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             saved,
         },
         &args.targets.limits(),
-        &|target| conns.writer(target),
+        &|target| conns.writer(target, Some(display.observer(target.target.heading()))),
         &|target, step| {
-            let mark = if step.error.is_none() {
-                green.apply_to("done")
-            } else {
-                red.apply_to("FAILED")
-            };
-            let verdict = step
-                .detail
-                .as_ref()
-                .and_then(|d| {
-                    serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
-                        d.clone(),
-                    )
-                    .ok()
-                })
-                .and_then(|r| r.verdict)
-                .map(|v| format!(": {}", v.summary()))
-                .unwrap_or_default();
-            printer.status(&format!(
-                "{}: {} ... {mark} ({:.1}s){verdict}",
-                target.heading(),
-                step.description,
-                step.millis as f64 / 1000.0
-            ));
+            let heading = target.heading();
+            // Agent steps were shown as they ended; the API's are shown here.
+            if !args.json && !display.shown(&heading, &step.description) {
+                let verdict = step
+                    .detail
+                    .as_ref()
+                    .and_then(|d| {
+                        serde_json::from_value::<crate::resources::service::deploy::DeployReport>(
+                            d.clone(),
+                        )
+                        .ok()
+                    })
+                    .and_then(|r| r.verdict)
+                    .map(|v| format!(": {}", v.summary()))
+                    .unwrap_or_default();
+                let line = super::progress::step_line(
+                    printer,
+                    &heading,
+                    &step.description,
+                    step.error.is_none(),
+                    step.millis,
+                );
+                printer.status(&format!("{line}{verdict}"));
+            }
             // A preflight that passes may still have something to say (a setting that
             // works, but not as well as it could).
             let warnings = step
@@ -152,7 +152,9 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                 printer.warn(&format!("{}: {w}", target.heading()));
             }
         },
-    )?;
+    );
+    display.finish();
+    let outcomes = applied?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {
         print_report(&plan, true, &outcomes, printer)?;

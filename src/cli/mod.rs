@@ -9,6 +9,7 @@ pub mod guest;
 pub mod model;
 pub mod node;
 pub mod plan;
+pub mod progress;
 pub mod render;
 pub mod schema;
 pub mod ssh;

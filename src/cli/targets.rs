@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 
 use super::guest;
 use crate::access::{ApiTarget, SeenContainers, TargetReader, TargetWriter};
+use crate::agent::attach::Observer;
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
@@ -26,7 +27,6 @@ use crate::proxmox::{ApiSettings, NodeApi};
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::container::RestartPolicy;
-use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -215,7 +215,12 @@ impl<'a> Connections<'a> {
     /// Write access for `apply` only. A container's root-only lines go over its node's
     /// SSH; a guest whose container this apply created, or that does not answer SSH, is
     /// bootstrapped through its node first.
-    pub fn writer(&self, t: &TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> {
+    /// An agent's events go to `observe` as they come.
+    pub fn writer(
+        &self,
+        t: &TargetPlan,
+        observe: Option<Observer>,
+    ) -> anyhow::Result<Box<dyn TargetWriter>> {
         match &t.target {
             Target::Container { node, name, vmid } => {
                 let api = ApiTarget::new(
@@ -272,16 +277,22 @@ impl<'a> Connections<'a> {
                 });
                 let transport =
                     guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
-                Ok(Box::new(
-                    AgentWriter::new(transport, self.binary.clone())
-                        .verify_full(self.args.verify_full),
-                ))
+                let writer = AgentWriter::new(transport, self.binary.clone())
+                    .verify_full(self.args.verify_full);
+                Ok(Box::new(match observe {
+                    Some(o) => writer.observe(o),
+                    None => writer,
+                }))
             }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
                 let agent = if needs_node_ssh(t.changes.iter().map(|c| &c.spec)) {
                     let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
-                    Some(AgentWriter::new(ssh, self.binary.clone()))
+                    let writer = AgentWriter::new(ssh, self.binary.clone());
+                    Some(match observe {
+                        Some(o) => writer.observe(o),
+                        None => writer,
+                    })
                 } else {
                     None
                 };
@@ -347,32 +358,6 @@ impl<'a> Connections<'a> {
     }
 }
 
-/// Read access to a target's agent (for `plan` and `check`).
-pub fn connect_reader(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-    binary: &Arc<AgentBinary>,
-) -> anyhow::Result<Box<dyn TargetReader>> {
-    let transport = transport(loaded, target, args)?;
-    Ok(Box::new(
-        AgentReader::new(transport, binary.clone()).verify_full(args.verify_full),
-    ))
-}
-
-/// Write access to a target (for `apply` only).
-pub fn connect_writer(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-    binary: &Arc<AgentBinary>,
-) -> anyhow::Result<Box<dyn TargetWriter>> {
-    let transport = transport(loaded, target, args)?;
-    Ok(Box::new(
-        AgentWriter::new(transport, binary.clone()).verify_full(args.verify_full),
-    ))
-}
-
 /// Whether a node target's resources need the agent over the node's SSH (templates go
 /// through the API alone).
 fn needs_node_ssh<'s>(mut specs: impl Iterator<Item = &'s ResourceSpec>) -> bool {
@@ -387,23 +372,4 @@ fn container_specs<'s>(specs: impl Iterator<Item = &'s ResourceSpec>) -> Vec<Con
             _ => None,
         })
         .collect()
-}
-
-/// The transport to a target's agent.
-fn transport(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-) -> anyhow::Result<Arc<dyn Transport>> {
-    match target {
-        Target::Guest { name, .. } => crate::cli::ssh::guest_transport(loaded, name, args),
-        Target::Container { name, .. } => Err(Diagnostic::new(format!(
-            "container `{name}`'s Proxmox config is read through its node's API, not an agent"
-        ))
-        .into()),
-        Target::Node { node, .. } => Err(Diagnostic::new(format!(
-            "node `{node}` is read through its API and its SSH together, not one agent"
-        ))
-        .into()),
-    }
 }

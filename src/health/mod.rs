@@ -194,7 +194,13 @@ impl Gate {
         if self.tail.len() > TAIL {
             self.tail.drain(..self.tail.len() - TAIL);
         }
-        if o.model_listed && o.healthy {
+        // The old process answers until it has stopped (`restart --no-block` returns at
+        // once): only the unit's new, active run can be ready. Unknown reads as active.
+        let stopping = matches!(
+            o.active_state.as_str(),
+            "deactivating" | "inactive" | "failed"
+        );
+        if o.model_listed && o.healthy && !stopping {
             return Some(Verdict::Ready {
                 after_ms: o.elapsed.as_millis() as u64,
             });

@@ -231,9 +231,113 @@ impl ModelPull {
         req.exclude = self.exclude.clone();
         req.token = self.token.clone();
         req.verify_full = self.verify_full;
-        crate::hub::pull(&req, &crate::hub::NoProgress).map_err(|e| super::wire::StepError {
+        crate::hub::pull(&req, &Reporter::default()).map_err(|e| super::wire::StepError {
             message: e.to_string(),
             hints: e.hints(),
         })
+    }
+}
+
+/// Turns a pull's events into [`crate::progress::Progress`] reports: each file's bytes at
+/// most once a second, with the pull's total, its rate over the last seconds and an ETA.
+#[derive(Default)]
+struct Reporter(std::sync::Mutex<Tally>);
+
+#[derive(Default)]
+struct Tally {
+    total: u64,
+    done: u64,
+    /// Per file: (bytes on disk, size, when last reported).
+    files: std::collections::HashMap<String, (u64, u64, Option<std::time::Instant>)>,
+    /// The start of the rate's window and `done` then.
+    window: Option<(std::time::Instant, u64)>,
+    rate: u64,
+}
+
+impl crate::hub::ProgressSink for Reporter {
+    fn event(&self, event: &crate::hub::PullEvent<'_>) {
+        use crate::hub::PullEvent;
+        use crate::progress::{Progress, line, report};
+        use std::time::{Duration, Instant};
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match event {
+            PullEvent::Planned {
+                bytes_total,
+                bytes_to_fetch,
+                files_to_fetch,
+                ..
+            } => {
+                t.total = *bytes_total;
+                t.done = bytes_total.saturating_sub(*bytes_to_fetch);
+                t.window = Some((Instant::now(), t.done));
+                line(&format!(
+                    "{files_to_fetch} file(s) to fetch, {bytes_to_fetch} of {bytes_total} bytes"
+                ));
+            }
+            PullEvent::Checking { files, bytes } => {
+                line(&format!(
+                    "checking {files} file(s) already there ({bytes} bytes)"
+                ));
+            }
+            PullEvent::Hashed { path, .. } => report(Progress::Checked {
+                file: path.to_string(),
+            }),
+            PullEvent::Retry { path, reason } => line(&format!("retry {path}: {reason}")),
+            PullEvent::FileStarted {
+                path,
+                size,
+                resumed,
+            } => {
+                t.files.insert(path.to_string(), (*resumed, *size, None));
+            }
+            PullEvent::Bytes { path, bytes } => {
+                t.done += bytes;
+                let now = Instant::now();
+                if let Some((since, at)) = t.window {
+                    let secs = now.duration_since(since).as_secs_f64();
+                    if secs >= 1.0 {
+                        t.rate = ((t.done - at) as f64 / secs) as u64;
+                    }
+                    // A window of a few seconds: the rate follows the link, not the past.
+                    if secs >= 5.0 {
+                        t.window = Some((now, t.done));
+                    }
+                }
+                let (done, total, rate) = (t.done, t.total, t.rate);
+                let Some(f) = t.files.get_mut(*path) else {
+                    return;
+                };
+                f.0 += bytes;
+                if f.2
+                    .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
+                {
+                    return;
+                }
+                f.2 = Some(now);
+                report(Progress::Bytes {
+                    file: path.to_string(),
+                    file_done: f.0,
+                    file_size: f.1,
+                    done,
+                    total,
+                    rate,
+                    eta_secs: (rate > 0).then(|| total.saturating_sub(done) / rate),
+                });
+            }
+            PullEvent::FileDone { path, size } => {
+                t.files.remove(*path);
+                let (done, total, rate) = (t.done, t.total, t.rate);
+                report(Progress::Bytes {
+                    file: path.to_string(),
+                    file_done: *size,
+                    file_size: *size,
+                    done,
+                    total,
+                    rate,
+                    eta_secs: (rate > 0).then(|| total.saturating_sub(done) / rate),
+                });
+            }
+            PullEvent::Resolved { .. } => {}
+        }
     }
 }

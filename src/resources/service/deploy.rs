@@ -227,10 +227,17 @@ fn restart_and_watch(service: &ServiceSpec) -> Result<Option<Verdict>, DeployErr
     // A unit that hit its start limit earlier refuses to start until reset.
     let _ = systemctl(&["reset-failed", &service.unit]);
     systemctl(&["restart", "--no-block", &service.unit])?;
-    Ok(service
+    // The gate's last log line and its verdict reach the workstation as they happen.
+    let verdict = service
         .readiness
         .as_ref()
-        .map(|r| watch(&service.unit, r, cursor, &mut |_| {})))
+        .map(|r| watch(&service.unit, r, cursor, &mut |l| crate::progress::line(l)));
+    if let Some(v) = &verdict {
+        crate::progress::report(crate::progress::Progress::Verdict {
+            text: format!("{}: {}", service.unit, v.summary()),
+        });
+    }
+    Ok(verdict)
 }
 
 /// Deploys; the error carries the diagnosis (and what the rollback did) for people.

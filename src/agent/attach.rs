@@ -1,0 +1,421 @@
+//! The client's side of a detached run (see [`super::run`]): start it, follow its events by
+//! offset in short round trips, and ride out a dropped connection by asking again from the
+//! same offset. Each step has its own limit ([`limit`]): a total deadline, or for a download
+//! a stall deadline (no new byte for that long). A step past its limit is stopped at once;
+//! `Ctrl-C` asks the run to stop after its current step, a second `Ctrl-C` leaves it running
+//! on the target (it keeps the target's lock until it ends).
+
+use std::sync::Arc;
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::client::AgentError;
+use crate::access::OpOutcome;
+use crate::progress::Progress;
+use crate::resources::wire::{Event, Holder, Request, Step};
+
+/// Receives every event of a target's run as it arrives (and the client's own notes, as
+/// `Progress::Line`).
+pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// One request to the agent, answered within the given time: its events.
+pub type Call<'a> = dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError> + 'a;
+
+/// How long a step may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// At most this long in all.
+    Total(Duration),
+    /// No limit in all, but at most this long without progress: a new byte, or a file
+    /// already there checked. Retries and other lines are not progress.
+    Stall(Duration),
+}
+
+/// How long a download may go without a byte before it counts as stalled, unless
+/// `PROVISION_DOWNLOAD_STALL_SECS` says otherwise.
+pub const DOWNLOAD_STALL: Duration = Duration::from_secs(10 * 60);
+
+fn download_stall() -> Duration {
+    std::env::var("PROVISION_DOWNLOAD_STALL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(DOWNLOAD_STALL, Duration::from_secs)
+}
+
+/// A step's limit: from the inventory where it says (a service's health gate), else a
+/// default generous enough for the slowest honest case (SGLang's build, torch's wheels).
+pub fn limit(step: &Step) -> Limit {
+    let min = |m: u64| Duration::from_secs(m * 60);
+    match step {
+        Step::ModelPull(_) => Limit::Stall(download_stall()),
+        Step::DeployService(d) => match &d.service.readiness {
+            // The gate may run for the unit, a rollback and each fallback.
+            Some(r) => Limit::Total(
+                Duration::from_millis(r.deadline_ms)
+                    .saturating_mul(2 + d.service.fallbacks.len() as u32)
+                    + min(10),
+            ),
+            None => Limit::Total(min(15)),
+        },
+        Step::Preflight(_) => Limit::Total(min(30)),
+        Step::AptInstall { .. } => Limit::Total(min(120)),
+        Step::PipInstall { .. } => Limit::Total(min(240)),
+        Step::GitCheckout { .. } => Limit::Total(min(60)),
+        Step::CreateVenv { .. } => Limit::Total(min(30)),
+        Step::WriteFile { .. } | Step::Mkdir { .. } => Limit::Total(min(5)),
+        Step::Zfs(_) | Step::NodeUnit { .. } => Limit::Total(min(10)),
+        // The installer builds kernel modules.
+        Step::InstallDriver { .. } => Limit::Total(min(60)),
+    }
+}
+
+/// How long the client keeps trying to reach a target that dropped the connection.
+const REATTACH_FOR: Duration = Duration::from_secs(15 * 60);
+/// How long one follow round trip waits for news on the target.
+const FOLLOW_WAIT: Duration = Duration::from_secs(5);
+
+static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+static FOLLOWING: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    if !FOLLOWING.load(Ordering::SeqCst) {
+        // Nothing detached to look after: end as an unhandled Ctrl-C would.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) };
+    }
+    INTERRUPTS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Installs the SIGINT handler once per process; it only counts while a run is followed.
+fn watch_interrupts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handler only touches atomics and calls _exit.
+        unsafe {
+            libc::signal(
+                libc::SIGINT,
+                on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    });
+}
+
+/// Marks "a run is followed" for as long as it lives.
+struct Following;
+
+impl Following {
+    fn new() -> Self {
+        watch_interrupts();
+        INTERRUPTS.store(0, Ordering::SeqCst);
+        FOLLOWING.store(true, Ordering::SeqCst);
+        Following
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        FOLLOWING.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Who this process is, for the target's lock.
+pub fn holder() -> Holder {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            // SAFETY: getuid cannot fail.
+            format!("uid {}", unsafe { libc::getuid() })
+        });
+    Holder {
+        host,
+        pid: std::process::id(),
+        user,
+        since: super::run::utc_now(),
+        run: String::new(),
+        agent_pid: 0,
+    }
+}
+
+/// A fresh run id: time, this process, a counter.
+fn run_id() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}-{}-{}",
+        t.as_secs(),
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Sends one request, trying again while the target cannot be reached, for up to
+/// [`REATTACH_FOR`]; `note` hears about each loss and recovery.
+fn call_again(
+    call: &Call<'_>,
+    request: &Request,
+    timeout: Duration,
+    note: &dyn Fn(String),
+) -> Result<Event, AgentError> {
+    let mut lost: Option<Instant> = None;
+    loop {
+        match call(request, timeout) {
+            Ok(events) => {
+                if lost.is_some() {
+                    note("connection back; re-attached to the run".into());
+                }
+                // The greeting first, then the one answer.
+                return events
+                    .into_iter()
+                    .nth(1)
+                    .ok_or_else(|| AgentError::Protocol {
+                        target: String::new(),
+                        detail: "no answer after the greeting".into(),
+                    });
+            }
+            Err(e @ (AgentError::CannotRun { .. } | AgentError::Push { .. })) => return Err(e),
+            Err(e) => {
+                let since = *lost.get_or_insert_with(|| {
+                    note(format!(
+                        "connection lost ({e}); the run goes on on the target; reconnecting"
+                    ));
+                    Instant::now()
+                });
+                if since.elapsed() > REATTACH_FOR {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// What following a run ended with.
+#[derive(Debug)]
+pub enum Ended {
+    /// Every step ran, or one failed: the outcomes of those that ran.
+    Done(Vec<OpOutcome>),
+    /// Stopped by Ctrl-C after the current step: the outcomes of those that ran.
+    Stopped(Vec<OpOutcome>),
+    /// Left running on the target (a second Ctrl-C).
+    Detached(Holder),
+    /// Another apply holds the target.
+    Busy(Holder),
+}
+
+/// Starts `steps` as a detached run and follows it to its end.
+pub fn run_detached(
+    call: &Call<'_>,
+    steps: Vec<Step>,
+    observe: &Option<Observer>,
+) -> Result<Ended, AgentError> {
+    let seen = |e: &Event| {
+        if let Some(o) = observe {
+            o(e)
+        }
+    };
+    let current = std::sync::atomic::AtomicUsize::new(0);
+    let note = |text: String| {
+        seen(&Event::Progress {
+            index: current.load(Ordering::Relaxed),
+            progress: Progress::Line { text },
+        })
+    };
+    let run = run_id();
+    let limits: Vec<Limit> = steps.iter().map(limit).collect();
+    let descriptions: Vec<String> = steps.iter().map(Step::describe).collect();
+    let start = Request::Start {
+        run: run.clone(),
+        steps,
+        holder: holder(),
+    };
+    let _following = Following::new();
+    let holder = match call_again(call, &start, Duration::from_secs(120), &note)? {
+        Event::Started { holder } => holder,
+        Event::Busy { holder } => return Ok(Ended::Busy(holder)),
+        other => return Err(unexpected(other)),
+    };
+    let mut offset = 0;
+    let mut outcomes = Vec::new();
+    let mut step_started: Option<(usize, Instant)> = None;
+    let mut last_news = Instant::now();
+    let mut last_done = 0;
+    let mut stopping = false;
+    let mut overdue: Option<(usize, String)> = None;
+    loop {
+        match INTERRUPTS.load(Ordering::SeqCst) {
+            0 => {}
+            1 if !stopping => {
+                stopping = true;
+                note("Ctrl-C: the run stops after its current step, which finishes (Ctrl-C again to leave it running on the target)".into());
+                call_again(
+                    call,
+                    &Request::Stop {
+                        run: run.clone(),
+                        now: false,
+                    },
+                    Duration::from_secs(60),
+                    &note,
+                )?;
+            }
+            1 => {}
+            _ => return Ok(Ended::Detached(holder)),
+        }
+        if let (Some((i, since)), None) = (step_started, &overdue) {
+            let (late, what) = match limits[i] {
+                Limit::Total(d) => (
+                    since.elapsed() > d,
+                    format!("did not finish within {}", human(d)),
+                ),
+                Limit::Stall(d) => (
+                    last_news.elapsed() > d,
+                    format!("made no progress for {}", human(d)),
+                ),
+            };
+            if late {
+                note(format!("{} {what}; stopping it", descriptions[i]));
+                call_again(
+                    call,
+                    &Request::Stop {
+                        run: run.clone(),
+                        now: true,
+                    },
+                    Duration::from_secs(60),
+                    &note,
+                )?;
+                overdue = Some((i, what));
+            }
+        }
+        let follow = Request::Follow {
+            run: run.clone(),
+            offset,
+            wait_ms: FOLLOW_WAIT.as_millis() as u64,
+        };
+        let (events, next, running) =
+            match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), &note)? {
+                Event::Followed {
+                    events,
+                    offset,
+                    running,
+                } => (events, offset, running),
+                other => return Err(unexpected(other)),
+            };
+        offset = next;
+        let quiet = events.is_empty();
+        for e in events {
+            seen(&e);
+            match e {
+                Event::StepStarted { index, .. } => {
+                    current.store(index, Ordering::Relaxed);
+                    step_started = Some((index, Instant::now()));
+                    last_news = Instant::now();
+                    last_done = 0;
+                }
+                Event::Progress {
+                    progress: Progress::Bytes { done, .. },
+                    ..
+                } if done > last_done => {
+                    last_done = done;
+                    last_news = Instant::now();
+                }
+                Event::Progress {
+                    progress: Progress::Checked { .. },
+                    ..
+                } => last_news = Instant::now(),
+                Event::StepDone {
+                    index,
+                    error,
+                    hints,
+                    detail,
+                    millis,
+                } => {
+                    step_started = None;
+                    outcomes.push(OpOutcome {
+                        description: descriptions.get(index).cloned().unwrap_or_default(),
+                        error,
+                        hints,
+                        detail,
+                        millis,
+                    });
+                }
+                Event::Finished { stopped } => {
+                    return Ok(if stopped {
+                        Ended::Stopped(outcomes)
+                    } else {
+                        Ended::Done(outcomes)
+                    });
+                }
+                _ => {}
+            }
+        }
+        if quiet && !running {
+            // The runner is gone without its last word: killed (a deadline, a reboot).
+            if let Some((i, since)) = step_started {
+                let error = match &overdue {
+                    Some((_, what)) => format!(
+                        "{what} and was stopped; what it wrote is whole (files are replaced atomically; a download resumes from its partial files)"
+                    ),
+                    None => {
+                        "the agent stopped during this step (killed or the target restarted)".into()
+                    }
+                };
+                outcomes.push(OpOutcome {
+                    description: descriptions[i].clone(),
+                    error: Some(error),
+                    hints: vec!["run apply again: steps already done are not repeated".into()],
+                    detail: None,
+                    millis: since.elapsed().as_millis() as u64,
+                });
+            }
+            return Ok(Ended::Done(outcomes));
+        }
+    }
+}
+
+fn unexpected(e: Event) -> AgentError {
+    let detail = match e {
+        Event::BadRequest { error } => error,
+        other => format!("unexpected answer {other:?}"),
+    };
+    AgentError::Protocol {
+        target: String::new(),
+        detail,
+    }
+}
+
+/// `90s`, `10m`, `2h`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 && s.is_multiple_of(3600) {
+        format!("{}h", s / 3600)
+    } else if s >= 60 && s.is_multiple_of(60) {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downloads_have_a_stall_limit_and_writes_a_total() {
+        let write = Step::WriteFile {
+            path: "/a".into(),
+            content: String::new(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode: 0o644,
+        };
+        assert_eq!(limit(&write), Limit::Total(Duration::from_secs(300)));
+        assert_eq!(human(Duration::from_secs(600)), "10m");
+        assert_eq!(human(Duration::from_secs(7200)), "2h");
+        assert_eq!(human(Duration::from_secs(61)), "61s");
+    }
+}
