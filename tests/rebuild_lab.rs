@@ -8,10 +8,10 @@
 //! with ZERO model bytes fetched from the hub, and the service is healthy again; host keys
 //! are recorded through the node both times (no `--accept-new-host-keys`).
 //!
-//! It reinstalls the lab it runs on, so it is its own test binary (nothing else of this
-//! binary runs beside it), and the lab's certificate and node host key change: a shell
-//! that exported the lab's variables re-reads them with `eval "$(scripts/lab env)"`.
-//! Needs root and the lab (`eval "$(scripts/lab up)"`).
+//! A reinstall wipes the node and gives it a new certificate and host key, so the test
+//! brings up a private lab of its own (own directory, ports, bridge and lock directory)
+//! and takes it down at the end: the shared lab the other tests use is never disturbed.
+//! Needs root and the lab's packages (`scripts/test-deps`).
 
 #[path = "hub_support/mod.rs"]
 mod hub_support;
@@ -245,11 +245,67 @@ nodes:
     }
 }
 
+/// `scripts/lab ARG` with none of the shared lab's settings in its environment.
+fn lab_script(arg: &str) -> Command {
+    let mut cmd = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/lab"));
+    cmd.arg(arg);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("LAB_") || k.starts_with("PVE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A lab of this test's own, down again when dropped (after everything in it).
+struct PrivateLab {
+    dir: tempfile::TempDir,
+}
+
+impl PrivateLab {
+    fn settings(&self, cmd: &mut Command) {
+        let dir = self.dir.path();
+        cmd.env("LAB_DIR", dir)
+            .env("LAB_API_PORT", "18306")
+            .env("LAB_SSH_PORT", "12522")
+            .env("LAB_MIRROR_PORT", "18380")
+            .env("LAB_BRIDGE", "vmbrrb")
+            .env("LAB_BRIDGE_CIDR", "10.213.79.1/24")
+            .env("LAB_VETH_PREFIX", "vrb")
+            .env("LAB_LOCK_DIR", dir.join("locks"));
+    }
+
+    fn up() -> (PrivateLab, LabEnv) {
+        let lab = PrivateLab {
+            dir: tempfile::Builder::new()
+                .prefix("lab-rebuild-")
+                .tempdir_in("/var/tmp")
+                .unwrap(),
+        };
+        let mut cmd = lab_script("up");
+        lab.settings(&mut cmd);
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/lab up (the rebuild test's own lab; run as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = LabEnv::from_exports(&String::from_utf8_lossy(&out.stdout));
+        (lab, env)
+    }
+}
+
+impl Drop for PrivateLab {
+    fn drop(&mut self) {
+        let mut cmd = lab_script("down");
+        self.settings(&mut cmd);
+        let _ = cmd.output();
+    }
+}
+
 /// `scripts/lab reinstall` for this lab: the node wiped, `/shared` and the mirror kept.
 fn reinstall(lab: &LabEnv) -> LabEnv {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/lab");
-    let mut cmd = Command::new(script);
-    cmd.arg("reinstall");
+    let mut cmd = lab_script("reinstall");
     for (k, v) in &lab.vars {
         if k.starts_with("LAB_") {
             cmd.env(k, v);
@@ -280,7 +336,7 @@ fn reinstall(lab: &LabEnv) -> LabEnv {
 
 #[test]
 fn rebuild_after_a_host_reinstall_fetches_no_model_bytes() {
-    let lab = LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)");
+    let (_private, lab) = PrivateLab::up();
     let ip: IpAddr = lab.vars["LAB_BRIDGE_CIDR"]
         .split('/')
         .next()
