@@ -65,6 +65,13 @@ pub enum ApiOp {
         /// Reboot a running container (`restart: allowed` and its lines changed).
         reboot: bool,
     },
+    /// Have the node download a container template (checksum verified by the node).
+    Template {
+        /// The change's plan address, for messages.
+        address: String,
+        /// The template.
+        spec: crate::resources::template::TemplateSpec,
+    },
 }
 
 impl Op {
@@ -73,6 +80,12 @@ impl Op {
         match self {
             Op::Guest(step) => step.describe(),
             Op::Api(ApiOp::Container { address, .. }) => format!("apply {address}"),
+            Op::Api(ApiOp::Template { spec, .. }) => {
+                format!(
+                    "download {} ({} checked)",
+                    spec.volume, spec.checksum_algorithm
+                )
+            }
             Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
             Op::Node(NodeOp::Lines { address, .. }) => {
                 format!("apply {address} over node SSH (pct set / locked config edit)")

@@ -308,6 +308,21 @@ pub fn write_file_atomic(
     Ok(())
 }
 
+/// sha256 of a file, hex, read in chunks (installers are hundreds of MB).
+pub fn sha256_file(path: &Path) -> Result<String, HostError> {
+    let mut file = fs::File::open(path).map_err(HostError::io("open", path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf).map_err(HostError::io("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

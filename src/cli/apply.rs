@@ -37,6 +37,11 @@ pub struct ApplyArgs {
     /// `unprivileged`, rootfs storage) changed. Host bind-mounted data is kept.
     #[arg(long)]
     pub allow_replace: bool,
+    /// Run the NVIDIA driver installer the plan shows (`nodes.X.nvidia.installer`); the
+    /// node needs a reboot afterwards. Without it, a plan that installs the driver is
+    /// refused.
+    #[arg(long)]
+    pub install_driver: bool,
     #[command(flatten)]
     pub targets: TargetArgs,
 }
@@ -100,6 +105,7 @@ pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         online::ApplyOptions {
             rollback: !args.no_rollback,
             allow_replace: args.allow_replace,
+            install_driver: args.install_driver,
             saved,
         },
         &args.targets.limits(),

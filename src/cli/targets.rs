@@ -18,6 +18,7 @@ use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::engine::schedule::{self, Limits};
 use crate::inventory::Loaded;
+use crate::node::host::{NodeReader, NodeWriter};
 use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
 use crate::plan::Action;
 use crate::plan::{Target, TargetPlan};
@@ -26,13 +27,13 @@ use crate::proxmox::{ApiSettings, NodeApi};
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::container::RestartPolicy;
-use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
 pub struct TargetArgs {
-    /// Only these targets: `guest.NAME` (inside the container), `container.NAME` (its
-    /// Proxmox config), or a container's NAME for both. Repeatable.
+    /// Only these targets: `node.NAME` (the node itself: model storage, templates, NVIDIA),
+    /// `guest.NAME` (inside the container), `container.NAME` (its Proxmox config), or a
+    /// container's NAME for both. Repeatable.
     #[arg(long = "target", value_name = "TARGET")]
     pub targets: Vec<String>,
     /// The SSH known_hosts file (default ~/.ssh/known_hosts).
@@ -198,7 +199,16 @@ impl<'a> Connections<'a> {
                         .verify_full(self.args.verify_full),
                 ))
             }
-            target => connect_reader(self.loaded, target, self.args, &self.binary),
+            Target::Node { node, .. } => {
+                let api = self.node(node)?;
+                let agent = if needs_node_ssh(d.resources.iter().map(|r| &r.spec)) {
+                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    Some(AgentReader::new(ssh, self.binary.clone()))
+                } else {
+                    None
+                };
+                Ok(Box::new(NodeReader::new(api, agent)))
+            }
         }
     }
 
@@ -274,7 +284,20 @@ impl<'a> Connections<'a> {
                     None => writer,
                 }))
             }
-            target => connect_writer(self.loaded, target, self.args, &self.binary, observe),
+            Target::Node { node, .. } => {
+                let api = self.node(node)?;
+                let agent = if needs_node_ssh(t.changes.iter().map(|c| &c.spec)) {
+                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                    let writer = AgentWriter::new(ssh, self.binary.clone());
+                    Some(match observe {
+                        Some(o) => writer.observe(o),
+                        None => writer,
+                    })
+                } else {
+                    None
+                };
+                Ok(Box::new(NodeWriter::new(api, agent)))
+            }
         }
     }
 
@@ -335,33 +358,10 @@ impl<'a> Connections<'a> {
     }
 }
 
-/// Read access to a target's agent (for `plan` and `check`).
-pub fn connect_reader(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-    binary: &Arc<AgentBinary>,
-) -> anyhow::Result<Box<dyn TargetReader>> {
-    let transport = transport(loaded, target, args)?;
-    Ok(Box::new(
-        AgentReader::new(transport, binary.clone()).verify_full(args.verify_full),
-    ))
-}
-
-/// Write access to a target (for `apply` only).
-pub fn connect_writer(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-    binary: &Arc<AgentBinary>,
-    observe: Option<Observer>,
-) -> anyhow::Result<Box<dyn TargetWriter>> {
-    let transport = transport(loaded, target, args)?;
-    let writer = AgentWriter::new(transport, binary.clone()).verify_full(args.verify_full);
-    Ok(Box::new(match observe {
-        Some(o) => writer.observe(o),
-        None => writer,
-    }))
+/// Whether a node target's resources need the agent over the node's SSH (templates go
+/// through the API alone).
+fn needs_node_ssh<'s>(mut specs: impl Iterator<Item = &'s ResourceSpec>) -> bool {
+    specs.any(|s| !matches!(s, ResourceSpec::Template(_)))
 }
 
 /// The container specs among `specs`.
@@ -372,23 +372,4 @@ fn container_specs<'s>(specs: impl Iterator<Item = &'s ResourceSpec>) -> Vec<Con
             _ => None,
         })
         .collect()
-}
-
-/// The transport to a target's agent.
-fn transport(
-    loaded: &Loaded,
-    target: &Target,
-    args: &TargetArgs,
-) -> anyhow::Result<Arc<dyn Transport>> {
-    match target {
-        Target::Guest { name, .. } => crate::cli::ssh::guest_transport(loaded, name, args),
-        Target::Container { name, .. } => Err(Diagnostic::new(format!(
-            "container `{name}`'s Proxmox config is read through its node's API, not an agent"
-        ))
-        .into()),
-        Target::Node { node, .. } => Err(Diagnostic::new(format!(
-            "cannot read node `{node}`: the Proxmox API client is not built yet"
-        ))
-        .into()),
-    }
 }

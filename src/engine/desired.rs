@@ -53,7 +53,9 @@ pub fn desired_state(
 ) -> Result<Vec<DesiredTarget>, Diagnostics> {
     let mut targets = Vec::new();
     let mut errors = Vec::new();
+    let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
     for (node_name, node) in &loaded.inventory.nodes {
+        targets.extend(super::host::node_target(node_name.as_str(), node, &root));
         let view = gpu_view(node_name.as_str());
         for (ct_name, ct) in &node.containers {
             let services = build_all(ct, &loaded.path);
@@ -116,7 +118,7 @@ pub fn desired_state(
                                 role: Some(role.name.clone()),
                             };
                             match d.spec.target_kind() {
-                                TargetKind::Container => container.push(d),
+                                TargetKind::Container | TargetKind::Node => container.push(d),
                                 TargetKind::Guest => guest.push(d),
                             }
                         }

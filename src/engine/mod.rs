@@ -2,6 +2,7 @@
 //! batched per target ([`facts`]), and the diff that makes the [`Plan`].
 
 pub mod desired;
+pub mod host;
 pub mod online;
 pub mod schedule;
 
@@ -53,9 +54,13 @@ impl DesiredTarget {
 pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan, NotRead> {
     let mut changes: Vec<Change> = Vec::new();
     let mut unchanged = 0;
+    let mut warnings = Vec::new();
     for d in &desired.resources {
         let r = d.spec.resource();
         let delta = r.diff(facts)?;
+        if delta.is_none() {
+            warnings.extend(r.warnings(facts));
+        }
         let delta = match (&d.spec, delta) {
             (ResourceSpec::Service(svc), None) => {
                 let changed: Vec<&String> = svc
@@ -99,6 +104,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         changes,
         unchanged,
         read: None,
+        warnings,
     })
 }
 

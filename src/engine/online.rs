@@ -83,6 +83,7 @@ pub fn plan(
             )),
         }
     }
+    super::host::note_rebuilds(desired, &mut planned);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
@@ -110,6 +111,8 @@ pub struct ApplyOptions {
     pub saved: bool,
     /// Destroy and recreate a container whose create-only settings changed.
     pub allow_replace: bool,
+    /// Run a planned NVIDIA driver install (a reboot follows).
+    pub install_driver: bool,
 }
 
 impl Default for ApplyOptions {
@@ -118,6 +121,7 @@ impl Default for ApplyOptions {
             rollback: true,
             saved: false,
             allow_replace: false,
+            install_driver: false,
         }
     }
 }
@@ -207,7 +211,24 @@ pub fn apply(
                 }));
                 continue;
             }
+            if let ResourceSpec::Template(spec) = &c.spec {
+                // Fetched by the node through its API, before any container needs it.
+                ops.push(Op::Api(ApiOp::Template {
+                    address: c.address.clone(),
+                    spec: spec.clone(),
+                }));
+                continue;
+            }
             match c.spec.resource().steps(c) {
+                Ok(s)
+                    if !options.install_driver
+                        && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
+                {
+                    unsupported.push(format!(
+                        "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
+                        c.address
+                    ));
+                }
                 Ok(s) => steps.extend(s.into_iter().map(|mut step| {
                     if let Step::DeployService(d) = &mut step {
                         d.rollback = options.rollback;

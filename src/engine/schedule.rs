@@ -89,15 +89,22 @@ pub enum Follow {
     Always,
 }
 
-/// The jobs for these targets, in order: a container's config is Proxmox work on its node;
-/// its guest follows it when both are there.
+/// The jobs for these targets, in order: a container's config is Proxmox work on its node
+/// and follows the node's own target when there is one (the template and the storage it
+/// needs); its guest follows it when both are there.
 pub fn jobs(targets: &[&Target]) -> Vec<Job> {
     targets
         .iter()
         .map(|t| match t {
-            Target::Container { node, .. } | Target::Node { node, .. } => Job {
+            Target::Node { node, .. } => Job {
                 node: Some(node.clone()),
                 after: None,
+            },
+            Target::Container { node, .. } => Job {
+                node: Some(node.clone()),
+                after: targets
+                    .iter()
+                    .position(|n| matches!(n, Target::Node { node: m, .. } if m == node)),
             },
             Target::Guest { name, .. } => Job {
                 node: None,

@@ -3,6 +3,7 @@
 
 pub mod container;
 pub mod env;
+pub mod host;
 pub mod load;
 pub mod node;
 pub mod secret;

@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::container::Container;
+use super::host::{ModelStorage, NvidiaHost, TemplateSource};
 use super::secret::SecretRef;
 use super::setting::Setting;
 use super::spanned::Sp;
@@ -50,6 +51,13 @@ pub struct Node {
     /// Where the node keeps its cluster configuration.
     #[serde(default = "default_config_root")]
     pub config_root: Sp<AbsPath>,
+    /// The storage behind the containers' `/shared` (a ZFS dataset or a directory).
+    pub model_storage: Option<ModelStorage>,
+    /// Container templates the node must have, fetched with their checksum when missing.
+    #[serde(default)]
+    pub templates: Vec<TemplateSource>,
+    /// The NVIDIA driver side of the host.
+    pub nvidia: Option<NvidiaHost>,
     /// Containers on this node, by name.
     #[serde(default)]
     pub containers: IndexMap<Name, Container>,

@@ -162,6 +162,21 @@ impl Validator<'_> {
                 "add `token: { env: PVE_TOKEN }`, or `password: { env: PVE_ROOT_PASSWORD }` for root@pam",
             );
         }
+        for (pos, message, hint) in super::host::problems(
+            node.model_storage.as_ref(),
+            &node.templates,
+            node.nvidia.as_ref(),
+        ) {
+            self.err(pos, message, hint);
+        }
+        // The model storage and the NVIDIA side are read and changed on the node itself.
+        if node.ssh.host.is_none() && (node.model_storage.is_some() || node.nvidia.is_some()) {
+            self.err(
+                node.api.url.pos,
+                format!("node `{name}` has no `ssh.host`: its `model_storage` and `nvidia` are read and changed on the node over SSH"),
+                "add `ssh: { host: ..., identity_file: ... }` (root) to the node",
+            );
+        }
         // Without node SSH, containers are still created and changed through the API
         // (their guests must answer SSH themselves); GPU passthrough lines are root-only
         // and raw `lxc.*` lines cannot go through the API at all.

@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod config_edit;
 pub mod gpu;
 pub mod gpu_check;
+pub mod host;
 pub mod target;
 
 use crate::transport::TransportError;

@@ -51,6 +51,10 @@ pub struct TargetPlan {
     /// probes again and refuses when the answers differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read: Option<ReadStamp>,
+    /// What is worth knowing about resources that match (a kernel command line that
+    /// lacks a word: reported, never applied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The probes a target plan was made from and a digest of their answers.

@@ -18,12 +18,15 @@ pub fn render_human(plan: &Plan, color: bool) -> String {
         );
     }
     for target in &plan.targets {
-        if target.changes.is_empty() {
+        if target.changes.is_empty() && target.warnings.is_empty() {
             continue;
         }
         out += &format!("{}\n", st.bold.apply_to(target.target.heading()));
         for change in &target.changes {
             render_change(&mut out, change, &st);
+        }
+        for warning in &target.warnings {
+            out += &format!("  {} {warning}\n", st.yellow.apply_to("! warning:"));
         }
         out.push('\n');
     }

@@ -6,6 +6,7 @@ pub mod client;
 pub mod cluster;
 pub mod container;
 pub mod error;
+pub mod storage;
 pub mod tasks;
 
 pub use client::{ApiSettings, NodeApi};

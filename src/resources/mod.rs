@@ -9,10 +9,13 @@ pub mod directory;
 pub mod file;
 pub mod git_checkout;
 pub mod model;
+pub mod model_storage;
+pub mod nvidia_host;
 pub mod pip_editable;
 pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
+pub mod template;
 pub mod venv;
 pub mod wire;
 
@@ -51,6 +54,12 @@ pub enum ResourceSpec {
     /// Lines in a container's Proxmox config that only root may set (device passthrough,
     /// raw `lxc.*` keys).
     PveLines(pve_lines::PveLinesSpec),
+    /// The node's model storage (a ZFS dataset or a directory).
+    ModelStorage(model_storage::ModelStorageSpec),
+    /// A container template in the node's storage.
+    Template(template::TemplateSpec),
+    /// The node's NVIDIA driver side.
+    NvidiaHost(nvidia_host::NvidiaHostSpec),
 }
 
 /// How a resource differs from what was read.
@@ -117,6 +126,9 @@ pub enum StepsError {
     /// Applying this kind is not built yet (the Proxmox side).
     #[error("{0}")]
     NotBuilt(&'static str),
+    /// The change would destroy or hide data, or needs what provision does not do itself.
+    #[error("{0}")]
+    Refused(String),
     /// A secret the steps carry cannot be read on the workstation.
     #[error(transparent)]
     Secret(#[from] crate::inventory::secret::SecretError),
@@ -129,6 +141,8 @@ pub enum TargetKind {
     Container,
     /// Inside the container.
     Guest,
+    /// On the Proxmox node itself.
+    Node,
 }
 
 impl ResourceSpec {
@@ -147,6 +161,9 @@ impl ResourceSpec {
             ResourceSpec::Service(r) => r.as_ref(),
             ResourceSpec::Container(r) => r,
             ResourceSpec::PveLines(r) => r,
+            ResourceSpec::ModelStorage(r) => r,
+            ResourceSpec::Template(r) => r,
+            ResourceSpec::NvidiaHost(r) => r,
         }
     }
 
@@ -154,6 +171,9 @@ impl ResourceSpec {
     pub fn target_kind(&self) -> TargetKind {
         match self {
             ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
+            ResourceSpec::ModelStorage(_)
+            | ResourceSpec::Template(_)
+            | ResourceSpec::NvidiaHost(_) => TargetKind::Node,
             _ => TargetKind::Guest,
         }
     }

@@ -17,8 +17,11 @@ use super::directory;
 use super::file::{self, PathFact};
 use super::git_checkout::{self, GitFact};
 use super::model::{self, ModelFact, ModelPull};
+use super::model_storage::{self, StorageFact};
+use super::nvidia_host::{self, NvidiaHostFact};
 use super::pip_packages::{self, PipIndex};
 use super::service::{self, UnitFact};
+use super::template::TemplateFact;
 use super::venv::{self, VenvFact};
 
 /// Bumped whenever the request or event format changes incompatibly; the client refuses
@@ -241,6 +244,25 @@ pub enum Probe {
         /// vmid.
         vmid: u64,
     },
+    /// A container template in the node's storage (through the node's API).
+    PveTemplate {
+        /// `STORAGE:vztmpl/FILE`.
+        volume: String,
+    },
+    /// The node's model storage: what is at the path, and ZFS's view of the dataset.
+    ModelStorage {
+        /// The directory or mountpoint.
+        path: String,
+        /// The dataset, when ZFS.
+        dataset: Option<String>,
+        /// The properties to read.
+        properties: Vec<String>,
+    },
+    /// The node's NVIDIA side under its root.
+    NvidiaHost {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -265,6 +287,12 @@ pub enum Fact {
     Readiness(Option<crate::health::process::ReadinessFact>),
     /// Answer to [`Probe::PveContainer`].
     PveContainer(Option<PveContainerFact>),
+    /// Answer to [`Probe::PveTemplate`].
+    PveTemplate(Option<TemplateFact>),
+    /// Answer to [`Probe::ModelStorage`].
+    ModelStorage(Option<StorageFact>),
+    /// Answer to [`Probe::NvidiaHost`].
+    NvidiaHost(Option<NvidiaHostFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -353,6 +381,18 @@ impl Facts {
         /// A container's Proxmox config.
         pve_container, PveContainer, PveContainerFact
     );
+    accessor!(
+        /// A template in the node's storage.
+        pve_template, PveTemplate, TemplateFact
+    );
+    accessor!(
+        /// The node's model storage.
+        model_storage, ModelStorage, StorageFact
+    );
+    accessor!(
+        /// The node's NVIDIA side.
+        nvidia_host, NvidiaHost, NvidiaHostFact
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -384,7 +424,19 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
             served_model_name,
         ))),
         Probe::Model { path } => Fact::Model(model::read(Path::new(path), verify_full)?),
-        Probe::PveContainer { .. } => return Err(AnswerError::NotAnAgentProbe),
+        Probe::ModelStorage {
+            path,
+            dataset,
+            properties,
+        } => Fact::ModelStorage(model_storage::read(
+            Path::new(path),
+            dataset.as_deref(),
+            properties,
+        )?),
+        Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
+        Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
+            return Err(AnswerError::NotAnAgentProbe);
+        }
     })
 }
 
@@ -398,7 +450,9 @@ pub enum AnswerError {
     #[error(transparent)]
     Hub(#[from] crate::hub::HubError),
     /// A probe only a node's API answers.
-    #[error("a container's Proxmox config is read through the node's API, not the agent")]
+    #[error(
+        "Proxmox's own state (a container's config, the templates in storage) is read through the node's API, not the agent"
+    )]
     NotAnAgentProbe,
 }
 
@@ -500,6 +554,30 @@ pub enum Step {
     /// Deploy a service: load, prove loaded, enable, (re)start, health gate, keep or roll
     /// back.
     DeployService(Box<crate::resources::service::deploy::Deploy>),
+    /// Bring the node's ZFS dataset for the model storage into place (import, create,
+    /// set properties, mount), never destroying or hiding data.
+    Zfs(model_storage::ZfsStep),
+    /// Write (when `content`) and enable a systemd unit under the node's root; start it on
+    /// a real node.
+    NodeUnit {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+        /// The unit.
+        unit: String,
+        /// Its file's content, when provision owns the file.
+        content: Option<String>,
+    },
+    /// Run the NVIDIA driver installer (only with `apply --install-driver`).
+    InstallDriver {
+        /// The node's root prefix (empty on real nodes).
+        root: String,
+        /// The `.run` file.
+        path: String,
+        /// Its sha256.
+        sha256: String,
+        /// The version it installs.
+        version: String,
+    },
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -535,6 +613,11 @@ impl Step {
             }
             Step::Preflight(s) => format!("preflight {}", s.unit),
             Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
+            Step::Zfs(z) => format!("zfs dataset {} at {}", z.spec.dataset, z.path),
+            Step::NodeUnit { unit, .. } => format!("enable {unit} on the node"),
+            Step::InstallDriver { version, path, .. } => {
+                format!("install NVIDIA driver {version} ({path})")
+            }
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -581,6 +664,18 @@ impl Step {
                 mode,
             } => directory::mkdir(Path::new(path), owner, group, *mode),
             Step::AptInstall { packages } => apt::install(packages),
+            Step::Zfs(z) => z.run(),
+            Step::NodeUnit {
+                root,
+                unit,
+                content,
+            } => nvidia_host::setup_unit(root, unit, content.as_deref()),
+            Step::InstallDriver {
+                root,
+                path,
+                sha256,
+                version,
+            } => nvidia_host::install_driver(root, path, sha256, version),
             Step::CreateVenv {
                 path,
                 python,
