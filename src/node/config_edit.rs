@@ -158,8 +158,8 @@ impl ConfigEdit {
         out
     }
 
-    /// Whether `conf` shows the edit made.
-    pub fn verify(&self, conf: &CtConfig) -> Result<(), String> {
+    /// Whether `conf` shows the edit made; what it shows otherwise.
+    pub fn verify(&self, conf: &CtConfig) -> Result<(), NotShown> {
         let main = &conf.main;
         let mut wrong = Vec::new();
         for (k, v) in &self.set {
@@ -185,10 +185,15 @@ impl ConfigEdit {
         if wrong.is_empty() {
             Ok(())
         } else {
-            Err(wrong.join("; "))
+            Err(NotShown(wrong))
         }
     }
 }
+
+/// What a config read back shows instead of an edit: one line per key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct NotShown(pub Vec<String>);
 
 /// Reads the config over node SSH (one round trip).
 pub fn read(node: &dyn Transport, file: &ConfigFile) -> Result<RawConfig, NodeError> {
@@ -257,7 +262,7 @@ pub fn write(
         .map_err(|detail| NodeError::NotVerified {
             what: format!("the edit of {}", file.path),
             target: node.describe(),
-            detail,
+            detail: detail.to_string(),
         })?;
     Ok(back)
 }
