@@ -494,4 +494,34 @@ mod tests {
         assert_eq!(human(Duration::from_secs(7200)), "2h");
         assert_eq!(human(Duration::from_secs(61)), "61s");
     }
+
+    #[test]
+    fn a_holder_is_gone_when_its_process_here_is_dead_or_nobody_follows() {
+        let me = holder();
+        assert!(!holder_gone(&me), "this very process is alive");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert!(holder_gone(&Holder {
+            pid: dead,
+            ..me.clone()
+        }));
+        // Elsewhere: only the heartbeat tells.
+        let far = Holder {
+            host: format!("{}-elsewhere", me.host),
+            pid: dead,
+            ..me.clone()
+        };
+        assert!(!holder_gone(&far), "unknown: not gone");
+        let fresh = Holder {
+            idle_secs: Some(5),
+            ..far.clone()
+        };
+        assert!(!holder_gone(&fresh));
+        let stale = Holder {
+            idle_secs: Some(ABANDONED_AFTER.as_secs()),
+            ..far
+        };
+        assert!(holder_gone(&stale));
+    }
 }
