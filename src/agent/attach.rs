@@ -124,11 +124,16 @@ impl Drop for Following {
     }
 }
 
+/// This machine's host name.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+}
+
 /// Who this process is, for the target's lock.
 pub fn holder() -> Holder {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "?".into());
+    let host = host_name().unwrap_or_else(|| "?".into());
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| {
@@ -220,10 +225,7 @@ pub enum Ended {
 /// Whether the provision that started `holder`'s run is gone: it ran on this host and its
 /// process is dead, or no client has followed the run for [`ABANDONED_AFTER`].
 pub fn holder_gone(holder: &Holder) -> bool {
-    let here = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
-    let dead_here = holder.host == here
+    let dead_here = host_name().is_some_and(|here| holder.host == here)
         && holder.pid != 0
         && i32::try_from(holder.pid).is_ok_and(|pid| {
             // SAFETY: signal 0 only asks whether the process exists.
