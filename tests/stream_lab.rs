@@ -3,7 +3,8 @@
 //! advance before the step ends), a second apply meanwhile is refused by the target's lock
 //! with the holder named, and killing the SSH connection (the sshd session processes in
 //! the container) mid-download loses nothing: the download goes on detached, provision
-//! re-attaches and reports success, and the hub served every byte exactly once.
+//! re-attaches and reports success, and the hub served every byte exactly once. A provision
+//! killed outright leaves its run going; the next apply waits for it, then plans the rest.
 
 #[path = "support/guestlab.rs"]
 mod guestlab;
@@ -44,6 +45,16 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The lab bridge's address on the host: where the fake hub listens.
+fn bridge_ip(g: &Guest) -> IpAddr {
+    g.lab.vars["LAB_BRIDGE_CIDR"]
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// `provision apply --yes [--json]` in the background, stderr into a file.
 fn spawn_apply(g: &Guest, stderr: &std::path::Path, json: bool) -> Child {
     Command::new(env!("CARGO_BIN_EXE_provision"))
@@ -73,12 +84,7 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
             ..Default::default()
         },
     );
-    let ip: IpAddr = g.lab.vars["LAB_BRIDGE_CIDR"]
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ip = bridge_ip(&g);
     let repo = RepoSpec::synthetic("org/big", 2, SHARD);
     let size: u64 = repo.files.iter().map(|f| f.size).sum();
     let hub = FakeHub::start(Config {
@@ -237,12 +243,7 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
             ..Default::default()
         },
     );
-    let ip: IpAddr = g.lab.vars["LAB_BRIDGE_CIDR"]
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ip = bridge_ip(&g);
     let hub = FakeHub::start(Config {
         listen: SocketAddr::new(ip, 0),
         repos: vec![
@@ -358,12 +359,7 @@ fn a_stalled_download_is_stopped_and_the_next_apply_resumes_it() {
             ..Default::default()
         },
     );
-    let ip: IpAddr = g.lab.vars["LAB_BRIDGE_CIDR"]
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ip = bridge_ip(&g);
     const SIZE: u64 = 64 << 20;
     const SENT: u64 = 16 << 20;
     let hub = FakeHub::start(Config {
@@ -403,4 +399,95 @@ fn a_stalled_download_is_stopped_and_the_next_apply_resumes_it() {
             .len(),
         SIZE
     );
+}
+
+/// `kill -9` of provision mid-download: the run goes on on the target; the next apply finds
+/// it held by a provision that is gone, waits for that run instead of refusing or starting
+/// the download again, reads the target again and ends with nothing left to do.
+#[test]
+fn a_killed_apply_is_waited_for_and_not_started_twice() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with(
+        "kill9",
+        ContainerSpec {
+            privileged: true,
+            memory_mb: 1024,
+            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
+            ..Default::default()
+        },
+    );
+    const SHARD: u64 = 256 << 20;
+    let repo = RepoSpec::synthetic("org/k", 1, SHARD);
+    let size: u64 = repo.files.iter().map(|f| f.size).sum();
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(bridge_ip(&g), 0),
+        repos: vec![repo],
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    // Slow (some seconds per shard): the kill surely lands inside the download.
+    hub.add_fault(Fault::new(
+        "",
+        FaultKind::Slow {
+            bytes_per_sec: 4 << 20,
+        },
+        None,
+    ));
+    g.inventory(&format!(
+        "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [model-store]
+        models:
+          k: {{ repo: org/k, revision: main, path: /shared/models/k, endpoint: {} }}
+",
+        hub.endpoint()
+    ));
+    let log = g.dir.path().join("apply.stderr");
+    let mut first = spawn_apply(&g, &log, false);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for(
+        Duration::from_secs(300),
+        &format!("the download's first bytes in {}", log.display()),
+        || {
+            assert!(
+                first.try_wait().unwrap().is_none(),
+                "ended early: {}",
+                read_log()
+            );
+            hub.stats().bytes_served > 0
+        },
+    );
+    // kill -9, and reaped: its pid is dead, as after a shell's kill.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        hub.stats().bytes_served < size,
+        "the download is still running"
+    );
+
+    let (out, err) = g.expect(&["apply", "--yes"], 0);
+    assert!(
+        err.contains("which is gone; waiting for that run to end"),
+        "{err}"
+    );
+    assert!(err.contains("reading the targets again"), "{err}");
+    assert!(!err.contains("another apply is running"), "{err}");
+    assert!(out.contains("No changes"), "{out}\n{err}");
+    // One download, the orphaned run's: every byte served exactly once.
+    assert_eq!(
+        hub.stats().bytes_served,
+        size,
+        "{err}\n{}",
+        g.sh("grep -hv '\"bytes\"' /var/lib/provision/runs/*/events.jsonl")
+    );
+    assert_eq!(
+        std::fs::metadata(
+            shared
+                .path()
+                .join("models/k/model-00001-of-00001.safetensors")
+        )
+        .unwrap()
+        .len(),
+        SHARD
+    );
+    g.expect(&["check"], 0);
 }

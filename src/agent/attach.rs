@@ -3,7 +3,9 @@
 //! same offset. Each step has its own limit ([`limit`]): a total deadline, or for a download
 //! a stall deadline (no new byte for that long). A step past its limit is stopped at once;
 //! `Ctrl-C` asks the run to stop after its current step, a second `Ctrl-C` leaves it running
-//! on the target (it keeps the target's lock until it ends).
+//! on the target (it keeps the target's lock until it ends). A run left by a provision that
+//! is gone ([`holder_gone`]) is waited for instead of refused, so the next apply can read
+//! what it left and do the rest.
 
 use std::sync::Arc;
 use std::sync::Once;
@@ -72,6 +74,9 @@ pub fn limit(step: &Step) -> Limit {
 
 /// How long the client keeps trying to reach a target that dropped the connection.
 const REATTACH_FOR: Duration = Duration::from_secs(15 * 60);
+/// A run nobody has followed for this long was left by a provision that is gone: a
+/// follower asks every few seconds, and a lost connection is retried every 2 s.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
 /// How long one follow round trip waits for news on the target.
 const FOLLOW_WAIT: Duration = Duration::from_secs(5);
 
@@ -119,11 +124,16 @@ impl Drop for Following {
     }
 }
 
+/// This machine's host name.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+}
+
 /// Who this process is, for the target's lock.
 pub fn holder() -> Holder {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "?".into());
+    let host = host_name().unwrap_or_else(|| "?".into());
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| {
@@ -137,6 +147,7 @@ pub fn holder() -> Holder {
         since: super::run::utc_now(),
         run: String::new(),
         agent_pid: 0,
+        idle_secs: None,
     }
 }
 
@@ -206,6 +217,70 @@ pub enum Ended {
     Detached(Holder),
     /// Another apply holds the target.
     Busy(Holder),
+    /// A run left by a provision that is gone held the target; it was followed to its end
+    /// and nothing of these steps was started.
+    Waited(Holder),
+}
+
+/// Whether the provision that started `holder`'s run is gone: it ran on this host and its
+/// process is dead, or no client has followed the run for [`ABANDONED_AFTER`].
+pub fn holder_gone(holder: &Holder) -> bool {
+    let dead_here = host_name().is_some_and(|here| holder.host == here)
+        && holder.pid != 0
+        && i32::try_from(holder.pid).is_ok_and(|pid| {
+            // SAFETY: signal 0 only asks whether the process exists.
+            let failed = unsafe { libc::kill(pid, 0) } != 0;
+            failed && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        });
+    dead_here
+        || holder
+            .idle_secs
+            .is_some_and(|s| s >= ABANDONED_AFTER.as_secs())
+}
+
+/// Follows `holder`'s run to its end, showing its events; `Busy` again on Ctrl-C.
+fn wait_for_run(
+    call: &Call<'_>,
+    holder: Holder,
+    seen: &dyn Fn(&Event),
+    note: &dyn Fn(String),
+) -> Result<Ended, AgentError> {
+    note(format!(
+        "the target is held by run {} of provision pid {} of {}@{}, which is gone; waiting for that run to end",
+        holder.run, holder.pid, holder.user, holder.host
+    ));
+    let mut offset = 0;
+    loop {
+        if INTERRUPTS.load(Ordering::SeqCst) > 0 {
+            return Ok(Ended::Busy(holder));
+        }
+        let follow = Request::Follow {
+            run: holder.run.clone(),
+            offset,
+            wait_ms: FOLLOW_WAIT.as_millis() as u64,
+        };
+        let (events, next, running) =
+            match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), note)? {
+                Event::Followed {
+                    events,
+                    offset,
+                    running,
+                } => (events, offset, running),
+                other => return Err(unexpected(other)),
+            };
+        offset = next;
+        let quiet = events.is_empty();
+        for e in events {
+            seen(&e);
+            if matches!(e, Event::Finished { .. }) {
+                return Ok(Ended::Waited(holder));
+            }
+        }
+        if quiet && !running {
+            // Its runner ended without its last word (killed): the lock is free all the same.
+            return Ok(Ended::Waited(holder));
+        }
+    }
 }
 
 /// Starts `steps` as a detached run and follows it to its end.
@@ -237,6 +312,9 @@ pub fn run_detached(
     let _following = Following::new();
     let holder = match call_again(call, &start, Duration::from_secs(120), &note)? {
         Event::Started { holder } => holder,
+        Event::Busy { holder } if holder_gone(&holder) && !holder.run.is_empty() => {
+            return wait_for_run(call, holder, &seen, &note);
+        }
         Event::Busy { holder } => return Ok(Ended::Busy(holder)),
         other => return Err(unexpected(other)),
     };
@@ -417,5 +495,35 @@ mod tests {
         assert_eq!(human(Duration::from_secs(600)), "10m");
         assert_eq!(human(Duration::from_secs(7200)), "2h");
         assert_eq!(human(Duration::from_secs(61)), "61s");
+    }
+
+    #[test]
+    fn a_holder_is_gone_when_its_process_here_is_dead_or_nobody_follows() {
+        let me = holder();
+        assert!(!holder_gone(&me), "this very process is alive");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        assert!(holder_gone(&Holder {
+            pid: dead,
+            ..me.clone()
+        }));
+        // Elsewhere: only the heartbeat tells.
+        let far = Holder {
+            host: format!("{}-elsewhere", me.host),
+            pid: dead,
+            ..me.clone()
+        };
+        assert!(!holder_gone(&far), "unknown: not gone");
+        let fresh = Holder {
+            idle_secs: Some(5),
+            ..far.clone()
+        };
+        assert!(!holder_gone(&fresh));
+        let stale = Holder {
+            idle_secs: Some(ABANDONED_AFTER.as_secs()),
+            ..far
+        };
+        assert!(holder_gone(&stale));
     }
 }

@@ -79,6 +79,20 @@ pub enum AgentError {
         /// Who holds the lock.
         holder: Box<Holder>,
     },
+    /// The target was held by a run left by a provision that is gone; it was waited for to
+    /// its end, and this apply's steps were not started: what is left must be planned again.
+    #[error(
+        "waited on {target} for run {} left by provision pid {} of {}@{}, which is gone; \
+         it has ended, and this apply's steps were not started there. Run apply again: it \
+         reads what the run left and does the rest",
+        holder.run, holder.pid, holder.user, holder.host
+    )]
+    Waited {
+        /// The target.
+        target: String,
+        /// The run waited for.
+        holder: Box<Holder>,
+    },
     /// Ctrl-C: the run stopped cleanly between two steps.
     #[error(
         "apply interrupted on {target}: {done} of {total} step(s) done, the rest not started; \
@@ -443,6 +457,11 @@ impl TargetWriter for AgentWriter {
         match attach::run_detached(&call, steps, &self.observe).map_err(named)? {
             Ended::Done(outcomes) => Ok(outcomes),
             Ended::Busy(holder) => Err(AgentError::Busy {
+                target,
+                holder: Box::new(holder),
+            }
+            .into()),
+            Ended::Waited(holder) => Err(AgentError::Waited {
                 target,
                 holder: Box::new(holder),
             }

@@ -6,7 +6,8 @@
 //! `events.jsonl`. The client follows that file by offset (`Request::Follow`), one short
 //! round trip at a time, so a dropped SSH connection loses nothing: reconnect and ask again
 //! from the same offset. `Request::Stop` leaves a `stop` file the runner reads between steps,
-//! or (`now`) ends the runner's process group.
+//! or (`now`) ends the runner's process group. Each follow touches the run's `followed`
+//! file: its age tells a later apply whether a client still follows the run.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -22,6 +23,8 @@ use crate::resources::wire::{Event, Holder, Step};
 
 /// Most bytes of events one follow answer carries.
 const CHUNK: u64 = 1 << 20;
+/// The file whose age says how long ago a client last followed the run.
+const FOLLOWED: &str = "followed";
 /// How long a start waits for the runner's first event.
 const START_WAIT: Duration = Duration::from_secs(60);
 
@@ -99,6 +102,8 @@ pub fn start(run: &str, steps: Vec<Step>, holder: Holder) -> Result<Event, RunEr
             .open(&req)
             .and_then(|mut f| f.write_all(&body))
             .map_err(io("cannot write", &req))?;
+        let beat = tmp.join(FOLLOWED);
+        fs::write(&beat, b"").map_err(io("cannot write", &beat))?;
         // The folder appears whole or not at all: a second start of the same run (its
         // answer was lost) finds it and starts nothing.
         fs::rename(&tmp, &dir).map_err(io("cannot create", &dir))?;
@@ -228,7 +233,7 @@ pub fn runner(dir: &Path) -> Result<(), RunError> {
     // SAFETY: flock on a descriptor this function owns; held until the process exits.
     let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
-        let other = fs::read(&holder_path)
+        let mut other = fs::read(&holder_path)
             .ok()
             .and_then(|b| serde_json::from_slice::<Holder>(&b).ok())
             .unwrap_or(Holder {
@@ -238,7 +243,9 @@ pub fn runner(dir: &Path) -> Result<(), RunError> {
                 since: "?".into(),
                 run: "?".into(),
                 agent_pid: 0,
+                idle_secs: None,
             });
+        other.idle_secs = idle_secs(&state.join("runs").join(&other.run));
         log.emit(&Event::Busy { holder: other });
         return Ok(());
     }
@@ -372,12 +379,21 @@ fn runner_pid(dir: &Path) -> Option<i32> {
         .then_some(pid)
 }
 
+/// Seconds since a client last followed the run in `dir`, when its folder says.
+fn idle_secs(dir: &Path) -> Option<u64> {
+    let at = fs::metadata(dir.join(FOLLOWED)).ok()?.modified().ok()?;
+    Some(at.elapsed().unwrap_or_default().as_secs())
+}
+
 /// The run's events from `offset`, waiting up to `wait` for a new one.
 pub fn follow(run: &str, offset: u64, wait: Duration) -> Result<Event, RunError> {
     let dir = run_dir(run)?;
     if !dir.is_dir() {
         return Err(RunError::Unknown(run.to_string()));
     }
+    // Rewritten, not just opened: its modification time is the heartbeat.
+    let beat = dir.join(FOLLOWED);
+    fs::write(&beat, b"").map_err(io("cannot write", &beat))?;
     let path = dir.join("events.jsonl");
     let until = Instant::now() + wait;
     loop {

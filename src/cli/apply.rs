@@ -46,8 +46,45 @@ pub struct ApplyArgs {
     pub targets: TargetArgs,
 }
 
-/// Runs `provision apply`.
+/// How many times apply plans again after waiting for runs left by a gone provision.
+const REPLANS: usize = 3;
+
+/// Runs `provision apply`. When a target was held by a run that a gone provision left
+/// (killed, its laptop closed), that run is waited for and the target read and planned
+/// again, so what it did is not done twice and what it left is done.
 pub fn run(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
+    let mut replans = 0;
+    loop {
+        match run_once(args, printer) {
+            Err(e)
+                if replans < REPLANS
+                    && waited_for_left_run(&e)
+                    && saved_plan(&args.inventory)?.is_none() =>
+            {
+                replans += 1;
+                printer.status("The run left on the target has ended; reading the targets again.");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether `e` is a wait for a run left by a gone provision (nothing of this apply ran).
+fn waited_for_left_run(e: &anyhow::Error) -> bool {
+    use crate::access::AccessError;
+    use crate::agent::client::AgentError;
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<AccessError>(),
+            Some(AccessError::Agent(AgentError::Waited { .. }))
+        ) || matches!(
+            c.downcast_ref::<AgentError>(),
+            Some(AgentError::Waited { .. })
+        )
+    })
+}
+
+fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let (plan, loaded, saved) = match saved_plan(&args.inventory)? {
         Some(plan) => {
             if !args.targets.targets.is_empty() {

@@ -88,6 +88,10 @@ pub struct Holder {
     /// The detached agent's process id on the target.
     #[serde(default)]
     pub agent_pid: u32,
+    /// Seconds since a client last followed the run (the target's clock), when known: a
+    /// run nobody follows was left by a provision that is gone.
+    #[serde(default)]
+    pub idle_secs: Option<u64>,
 }
 
 impl std::fmt::Display for Holder {
