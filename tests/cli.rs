@@ -161,7 +161,7 @@ fn offline_plan_json_is_stable_and_complete() {
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(typed.summary.create, 13);
+    assert_eq!(typed.summary.create, 14);
     insta::assert_json_snapshot!("plan_offline_llm_two_json", plan);
 }
 
@@ -231,6 +231,7 @@ fn render_writes_one_file_per_target_path() {
     for f in [
         "guest/llm-two/etc/profile.d/cuda.sh",
         "node/pve/etc/pve/lxc/129.conf.d/gpu-passthrough.conf",
+        "node/pve/etc/pve/lxc/129.conf.d/root-only.conf",
     ] {
         assert!(
             dir.path().join(f).is_file(),
@@ -238,7 +239,7 @@ fn render_writes_one_file_per_target_path() {
             r.stdout
         );
     }
-    assert_eq!(r.stdout.lines().count(), 3, "{}", r.stdout);
+    assert_eq!(r.stdout.lines().count(), 4, "{}", r.stdout);
 }
 
 #[test]

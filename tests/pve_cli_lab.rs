@@ -74,6 +74,8 @@ struct Ct {
     disk_gib: u32,
     /// Authenticate with the API token instead of a root@pam ticket.
     token: bool,
+    /// Pass a GPU through (the `gpu-passthrough` role).
+    gpu: bool,
 }
 
 impl Cli {
@@ -110,6 +112,7 @@ impl Cli {
             content: "hello = 1\n",
             disk_gib: 2,
             token: false,
+            gpu: true,
         }
     }
 
@@ -183,9 +186,7 @@ nodes:
         restart: {restart}
         ssh_keys: [{public:?}]
         ssh: {{ identity_file: {key} }}
-        gpus: {{ devices: [1], method: lxc }}
-        roles: [gpu-passthrough, app]
-{mounts}"#,
+{gpus}{mounts}"#,
             node = lab.node(),
             root = lab.vars["LAB_PVE_ROOT"],
             name = ct.name,
@@ -201,6 +202,11 @@ nodes:
                 "token: { env: PVE_TOKEN }"
             } else {
                 "password: { env: PVE_ROOT_PASSWORD }"
+            },
+            gpus = if ct.gpu {
+                "        gpus: { devices: [1], method: lxc }\n        roles: [gpu-passthrough, app]\n"
+            } else {
+                "        roles: [app]\n"
             },
             public = public.trim(),
             key = key.display(),
@@ -459,4 +465,71 @@ fn gpu_lines_without_node_ssh_are_refused_before_anything_changes() {
         assert!(out.contains("root-only"), "{out}");
     }
     assert!(!cli.conf(9263).exists(), "nothing was created");
+}
+
+/// A host directory with a file in it, to bind-mount.
+fn host_data(cli: &Cli) -> PathBuf {
+    let data = cli.dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("kept"), "host data\n").unwrap();
+    data
+}
+
+#[test]
+fn a_bind_mount_with_a_token_is_a_node_step_over_node_ssh() {
+    let lab = lab();
+    let _guard = cleanup(&lab, 9264);
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-tokmnt", 9264, 244);
+    ct.token = true;
+    ct.mount = Some(host_data(&cli));
+    cli.write(&ct, true);
+
+    // The token may not write the bind mount: the plan makes it a node step.
+    let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("9264 root-only"), "{plan}");
+    assert!(plan.contains("node step, root only"), "{plan}");
+
+    // create (stopped, without the mount) -> `pct set -mp0` over node SSH -> start.
+    let out = cli.expect(&["apply", "--yes"], 0);
+    let order = [
+        "create CT 9264 (started after its root-only lines)",
+        "pct set 9264 (mp0)",
+        "start CT 9264",
+        "write /etc/app.conf",
+    ];
+    let at: Vec<usize> = order
+        .iter()
+        .map(|s| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}")))
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /data/kept"), "host data\n");
+    assert_gpu_visible(&cli, &ct);
+    let conf = std::fs::read_to_string(cli.conf(9264)).unwrap();
+    assert!(conf.contains("mp0: "), "{conf}");
+
+    // Converged: Proxmox's own form of mp0 is no drift.
+    cli.expect(&["plan", "--detailed-exitcode"], 0);
+    cli.expect(&["check"], 0);
+}
+
+#[test]
+fn a_bind_mount_with_a_token_and_no_node_ssh_is_refused_at_plan_time() {
+    let lab = lab();
+    let _guard = cleanup(&lab, 9265);
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-toknossh", 9265, 245);
+    ct.token = true;
+    ct.gpu = false;
+    let data = host_data(&cli);
+    ct.mount = Some(data.clone());
+    cli.write(&ct, false);
+    let out = cli.expect(&["plan"], 1);
+    assert!(out.contains("mount point type bind"), "{out}");
+    assert!(
+        out.contains(&format!("mp0 = {},mp=/data", data.display())),
+        "names the step: {out}"
+    );
+    assert!(out.contains("ssh:"), "hints at node SSH: {out}");
+    assert!(!cli.conf(9265).exists(), "nothing was created");
 }

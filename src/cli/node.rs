@@ -152,9 +152,13 @@ pub fn gpu_checks(
             continue;
         };
         for r in &d.resources {
+            // Only passthrough lines are about GPUs (a token node's `root-only` lines are not).
             let ResourceSpec::PveLines(spec) = &r.spec else {
                 continue;
             };
+            if spec.label != node_gpu::LABEL {
+                continue;
+            }
             let want = gpu_check::expected(gpus, spec);
             let view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
             printer.status(&format!("{}: GPUs: {}", t.target.heading(), view.summary));

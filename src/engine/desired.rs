@@ -74,10 +74,19 @@ pub fn desired_state(
                 .map_or(ct_name.to_string(), |h| h.to_string());
             let mut spec = ContainerSpec::from_inventory(node.api.node.as_str(), &hostname, ct);
             spec.bootstrap = node.ssh.host.is_some();
+            // A token may not write bind mounts and the like: with node SSH they are node
+            // steps (`pct set` as root); without it the API read refuses them at plan time.
+            let root_only = (node.api.password.is_none() && node.ssh.host.is_some())
+                .then(|| spec.split_root_only())
+                .flatten();
             let mut container = vec![Desired {
                 spec: ResourceSpec::Container(spec),
                 role: None,
             }];
+            container.extend(root_only.map(|lines| Desired {
+                spec: ResourceSpec::PveLines(lines),
+                role: None,
+            }));
             let mut guest: Vec<Desired> = Vec::new();
             for source in &ct.apt_sources {
                 guest.push(Desired {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeError, tail};
 use crate::resources::container::PveContainerFact;
+use crate::resources::pve_lines::same_line;
 use crate::transport::{Transport, shell_quote};
 
 /// Proxmox's lock directory for container configs.
@@ -108,7 +109,7 @@ impl ConfigEdit {
     ) -> ConfigEdit {
         let mut edit = ConfigEdit::default();
         for (k, v) in wanted {
-            if found.iter().any(|(fk, fv)| fk == k && fv == v) {
+            if found.iter().any(|(fk, fv)| fk == k && same_line(k, v, fv)) {
                 continue;
             }
             if k.starts_with("lxc.") {
@@ -118,7 +119,7 @@ impl ConfigEdit {
             }
         }
         for (k, v) in found {
-            if wanted.iter().any(|(wk, wv)| wk == k && wv == v) || !owns(k, v) {
+            if wanted.iter().any(|(wk, wv)| wk == k && same_line(k, wv, v)) || !owns(k, v) {
                 continue;
             }
             if k.starts_with("lxc.") {
@@ -311,7 +312,8 @@ pub fn pct_set(
         // stays current until then).
         let now = back.conf.get(k);
         let pending = back.conf.pending.props.get(k).map(String::as_str);
-        if now != Some(v.as_str()) && pending != Some(v.as_str()) {
+        let shows = |have: Option<&str>| have.is_some_and(|h| same_line(k, v, h));
+        if !shows(now) && !shows(pending) {
             wrong.push(format!("{k} is {now:?} (pending {pending:?}), not {v:?}"));
         }
     }

@@ -203,8 +203,11 @@ impl TargetWriter for ContainerTarget {
                         });
                     };
                     results.push(node.run(n)?);
+                    // The GPU checks after the start are for passthrough lines only.
                     let NodeOp::Lines { spec, .. } = n;
-                    lines = Some(spec);
+                    if spec.label == super::gpu::LABEL {
+                        lines = Some(spec);
+                    }
                 }
                 Op::Api(ApiOp::Start { vmid, reboot }) => {
                     let op = Op::Api(ApiOp::Start {

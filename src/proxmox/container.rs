@@ -45,7 +45,7 @@ pub enum ContainerError {
     },
     /// The change needs root@pam and the node is reached with a token.
     #[error(
-        "CT {vmid} on node `{node}`: {reason}\nhint: API tokens (even root's) may not do this; reference root@pam's password in the node's `api:` (`password: {{ env: PVE_ROOT_PASSWORD }}`) so provision logs in with a ticket"
+        "CT {vmid} on node `{node}`: {reason}\nhint: API tokens (even root's) may not do this; give the node `ssh: {{ host: ..., identity_file: ... }}` (root) so these are written over node SSH with `pct set`, or reference root@pam's password in the node's `api:` (`password: {{ env: PVE_ROOT_PASSWORD }}`) so provision logs in with a ticket"
     )]
     RootOnly {
         /// The vmid.
@@ -275,10 +275,27 @@ fn root_only(
         &delete,
         unprivileged,
     )
-    .map_err(|e| ContainerError::RootOnly {
-        vmid: spec.vmid,
-        node: api.label.clone(),
-        reason: e.message,
+    .map_err(|e| {
+        // Names the steps that cannot run, not only Proxmox's first refusal.
+        let steps: Vec<String> = spec
+            .root_only_keys()
+            .iter()
+            .filter(|k| newconf.contains_key(*k))
+            .map(|k| format!("{k} = {}", newconf[k]))
+            .collect();
+        ContainerError::RootOnly {
+            vmid: spec.vmid,
+            node: api.label.clone(),
+            reason: if steps.is_empty() {
+                e.message
+            } else {
+                format!(
+                    "{}; root-only step(s) that cannot run with a token and no node SSH: {}",
+                    e.message,
+                    steps.join(", ")
+                )
+            },
+        }
     })
 }
 

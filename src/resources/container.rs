@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use pve::normalize::same;
 
+use super::pve_lines::PveLinesSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
 use crate::inventory::Container;
@@ -15,6 +16,9 @@ use crate::plan::{Action, Attribute, Change};
 /// Keys Proxmox only takes when a container is created: a change replaces the container.
 /// (`rootfs` is create-only in its storage; its size can only grow, in place.)
 const CREATE_ONLY: &[&str] = &["ostemplate", "unprivileged"];
+
+/// The label of the node-step lines split from a container's config for a token node.
+pub const ROOT_ONLY_LABEL: &str = "root-only";
 
 /// Options a running container takes at once (`update_pct_config`'s hotplug set); anything
 /// else waits in `[pve:pending]` until the container restarts.
@@ -75,6 +79,10 @@ pub struct ContainerSpec {
     /// (`pct exec`/`pct push`) before SSH takes over.
     #[serde(default)]
     pub bootstrap: bool,
+    /// Keys written as node steps over node SSH (root-only keys a token may not write, see
+    /// [`ContainerSpec::split_root_only`]): not in `config`, and not removed as unlisted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_keys: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -138,7 +146,53 @@ impl ContainerSpec {
             ssh_public_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
             restart: ct.restart.value,
             bootstrap: false,
+            node_keys: Vec::new(),
         }
+    }
+
+    /// The wanted keys an API token (even root's) may not write, by Proxmox's own rules
+    /// (`pve::perms`): bind mounts, device passthrough, features other than nesting.
+    /// Create-only keys are never among them (they go with the create).
+    pub fn root_only_keys(&self) -> Vec<String> {
+        let token = pve::perms::AuthUser {
+            userid: "root@pam".into(),
+            token: Some("provision".into()),
+        };
+        let unprivileged = self.get("unprivileged") != Some("0");
+        self.config
+            .iter()
+            .filter(|(k, _)| !CREATE_ONLY.contains(&k.as_str()))
+            .filter(|(k, v)| {
+                let one = BTreeMap::from([(k.clone(), v.clone())]);
+                pve::perms::check_modify(&token, self.vmid as u32, None, &one, &[], unprivileged)
+                    .is_err()
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// For a node reached with a token and with node SSH: takes the root-only keys out of
+    /// the API's config and returns them as node-step lines (`pct set` over node SSH as
+    /// root), or `None` when there are none.
+    pub fn split_root_only(&mut self) -> Option<PveLinesSpec> {
+        let keys = self.root_only_keys();
+        if keys.is_empty() {
+            return None;
+        }
+        let lines = self
+            .config
+            .iter()
+            .filter(|(k, _)| keys.contains(k))
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        self.config.retain(|(k, _)| !keys.contains(k));
+        self.node_keys = keys;
+        Some(PveLinesSpec {
+            vmid: self.vmid,
+            label: ROOT_ONLY_LABEL.into(),
+            lines,
+            owner: None,
+        })
     }
 
     /// A wanted option's value.
@@ -193,6 +247,7 @@ impl ContainerSpec {
             .filter(|(k, _)| {
                 (pve::options::indexed(k, "net") || pve::options::indexed(k, "mp"))
                     && self.get(k).is_none()
+                    && !self.node_keys.contains(k)
                     && !found.pending_delete.contains(k)
             })
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -464,6 +519,7 @@ mod tests {
             ssh_public_keys: vec![],
             restart: RestartPolicy::Never,
             bootstrap: false,
+            node_keys: Vec::new(),
         }
     }
 
@@ -497,6 +553,24 @@ mod tests {
     #[test]
     fn converged_container_has_no_delta() {
         assert_eq!(spec().update_delta(&found(true)), None);
+    }
+
+    #[test]
+    fn a_bind_mount_is_split_into_node_step_lines_and_not_removed_as_unlisted() {
+        let mut s = spec();
+        let lines = s.split_root_only().expect("mp0 is root-only for a token");
+        assert_eq!(lines.label, ROOT_ONLY_LABEL);
+        assert_eq!(lines.lines, vec!["mp0: /srv/data,mp=/shared,backup=0"]);
+        assert_eq!(s.get("mp0"), None);
+        // The API's part converges without touching mp0; the lines match Proxmox's form.
+        assert_eq!(s.update_delta(&found(true)), None);
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            Probe::PveContainer { vmid: 129 },
+            super::super::wire::Fact::PveContainer(Some(found(true))),
+        )]));
+        assert_eq!(lines.diff(&facts).unwrap(), None);
+        // Nothing else in the spec is root-only (nesting alone is a token's).
+        assert!(s.split_root_only().is_none());
     }
 
     #[test]

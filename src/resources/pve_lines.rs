@@ -97,6 +97,17 @@ impl PveLinesSpec {
     }
 }
 
+/// Whether a found line `key: have` is the wanted `key: want`: raw `lxc.*` lines exactly,
+/// options as Proxmox normalises them (an `mpN` written by `pct set` reads back in its own
+/// form), so a converged config shows no drift.
+pub fn same_line(key: &str, want: &str, have: &str) -> bool {
+    if key.starts_with("lxc.") {
+        want == have
+    } else {
+        pve::normalize::same(key, want, Some(have))
+    }
+}
+
 /// `devN` keys: owned by device passthrough, so ones not wanted are removed.
 pub fn is_dev_key(k: &str) -> bool {
     k.strip_prefix("dev")
@@ -138,7 +149,7 @@ impl Resource for PveLinesSpec {
         let want = self.pairs();
         let mut d = Delta::new(Action::Update);
         for (k, v) in &want {
-            if !found.iter().any(|(fk, fv)| fk == k && fv == v) {
+            if !found.iter().any(|(fk, fv)| fk == k && same_line(k, v, fv)) {
                 let have = (!k.starts_with("lxc."))
                     .then(|| found.iter().find(|(fk, _)| fk == k).map(|(_, v)| v.clone()))
                     .flatten();
@@ -164,7 +175,7 @@ impl Resource for PveLinesSpec {
             d.action = Action::Create;
         }
         d = d.reason(
-            "node step, root only: written over the node's SSH as root (`pct set --digest` for devN, the locked atomic edit of lxc/<vmid>.conf for lxc.* lines), read back; applied before the container starts, or at a reboot with `restart: allowed`",
+            "node step, root only: written over the node's SSH as root (`pct set --digest` for options such as devN and bind mounts, the locked atomic edit of lxc/<vmid>.conf for lxc.* lines), read back; applied before the container starts, or at a reboot with `restart: allowed`",
         );
         Ok(Some(d))
     }
