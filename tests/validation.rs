@@ -509,7 +509,7 @@ fn addresses_and_ssh_rules() {
 
 #[test]
 fn duplicate_vmid_in_a_cluster() {
-    let other = "  pve2:\n    cluster: lab\n    api: { url: https://10.1.2.6:8006, node: pve2, token: { env: PVE_TOKEN }, tls: { ca_file: pve-root-ca.pem } }\n    ssh: { host: 10.1.2.6 }\n    containers:\n      llm-three:\n        vmid: 129\n        template: local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst\n        cores: 2\n        memory: 2G\n        rootfs: { storage: local-zfs, size: 8G }\n        network:\n          - { bridge: vmbr0, ip: 10.1.230.175/24 }\n";
+    let other = "  pve2:\n    cluster: lab\n    api: { url: https://192.0.2.7:8006, node: pve2, token: { env: PVE_TOKEN }, tls: { ca_file: pve-root-ca.pem } }\n    ssh: { host: 192.0.2.7 }\n    containers:\n      llm-three:\n        vmid: 129\n        template: local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst\n        cores: 2\n        memory: 2G\n        rootfs: { storage: local-zfs, size: 8G }\n        network:\n          - { bridge: vmbr0, ip: 192.0.2.175/24 }\n";
     let clustered = LLM_TWO.replacen("  pve:\n", &format!("{other}  pve:\n    cluster: lab\n"), 1);
     let e = check(&clustered).unwrap_err();
     assert!(
