@@ -23,6 +23,21 @@ fn create_defaults_lock_and_duplicate() {
     let mut p = create_params(vmid);
     p.push(("tags".into(), "Web, db;web".into()));
     let c = api();
+    // The task is made slow to start (its config written and locked, the flock free), so
+    // what the call leaves behind is still there to see however fast the create runs.
+    lab()
+        .inject_fault(&FaultRule {
+            method: Some("POST".into()),
+            path: "^/nodes/lab/lxc$".into(),
+            param: Some(format!("vmid={vmid}")),
+            count: 1,
+            kind: FaultKind::SlowTask,
+            message: None,
+            status: None,
+            delay_ms: Some(5000),
+            hold_lock: false,
+        })
+        .unwrap();
     let upid = c.call("POST", &node("/lxc"), &refs(&p)).unwrap();
     // The config exists, locked, as soon as the call returns.
     let raw = std::fs::read_to_string(conf_path(vmid)).unwrap();
