@@ -254,20 +254,7 @@ fn wait_for_run(
         if INTERRUPTS.load(Ordering::SeqCst) > 0 {
             return Ok(Ended::Busy(holder));
         }
-        let follow = Request::Follow {
-            run: holder.run.clone(),
-            offset,
-            wait_ms: FOLLOW_WAIT.as_millis() as u64,
-        };
-        let (events, next, running) =
-            match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), note)? {
-                Event::Followed {
-                    events,
-                    offset,
-                    running,
-                } => (events, offset, running),
-                other => return Err(unexpected(other)),
-            };
+        let (events, next, running) = follow_once(call, &holder.run, offset, note)?;
         offset = next;
         let quiet = events.is_empty();
         for e in events {
@@ -369,20 +356,7 @@ pub fn run_detached(
                 overdue = Some((i, what));
             }
         }
-        let follow = Request::Follow {
-            run: run.clone(),
-            offset,
-            wait_ms: FOLLOW_WAIT.as_millis() as u64,
-        };
-        let (events, next, running) =
-            match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), &note)? {
-                Event::Followed {
-                    events,
-                    offset,
-                    running,
-                } => (events, offset, running),
-                other => return Err(unexpected(other)),
-            };
+        let (events, next, running) = follow_once(call, &run, offset, &note)?;
         offset = next;
         let quiet = events.is_empty();
         for e in events {
@@ -452,6 +426,29 @@ pub fn run_detached(
             }
             return Ok(Ended::Done(outcomes));
         }
+    }
+}
+
+/// One follow round trip of `run` from `offset`: its new events, the next offset and
+/// whether it still runs.
+fn follow_once(
+    call: &Call,
+    run: &str,
+    offset: u64,
+    note: &dyn Fn(String),
+) -> Result<(Vec<Event>, u64, bool), AgentError> {
+    let follow = Request::Follow {
+        run: run.to_string(),
+        offset,
+        wait_ms: FOLLOW_WAIT.as_millis() as u64,
+    };
+    match call_again(call, &follow, FOLLOW_WAIT + Duration::from_secs(60), note)? {
+        Event::Followed {
+            events,
+            offset,
+            running,
+        } => Ok((events, offset, running)),
+        other => Err(unexpected(other)),
     }
 }
 
