@@ -81,10 +81,19 @@ pub fn is_allow_key(k: &str) -> bool {
 
 impl PveLinesSpec {
     /// Whether a found line is one of these lines' kind, so that one not wanted is
-    /// removed: `devN` entries when the lines have any, and what [`LineOwner`] owns.
+    /// removed: `devN` entries when the lines have any, what [`LineOwner`] owns, and a raw
+    /// `lxc.*` line that sets what one of these lines sets, differently (the line edited
+    /// behind provision's back: it is replaced, not kept beside the wanted one).
     pub fn owns(&self, key: &str, value: &str) -> bool {
-        let wanted_dev = self.pairs().iter().any(|(k, _)| is_dev_key(k));
-        (wanted_dev && is_dev_key(key)) || self.owner.as_ref().is_some_and(|o| o.owns(key, value))
+        let pairs = self.pairs();
+        let wanted_dev = pairs.iter().any(|(k, _)| is_dev_key(k));
+        let subject = lxc_subject(key, value);
+        (wanted_dev && is_dev_key(key))
+            || self.owner.as_ref().is_some_and(|o| o.owns(key, value))
+            || (subject.is_some()
+                && pairs
+                    .iter()
+                    .any(|(wk, wv)| wk == key && lxc_subject(wk, wv) == subject))
     }
 
     /// The lines as `(key, value)`.
@@ -105,6 +114,52 @@ pub fn same_line(key: &str, want: &str, have: &str) -> bool {
         want == have
     } else {
         pve::normalize::same(key, want, Some(have))
+    }
+}
+
+/// What a raw `lxc.*` line sets, so that two lines setting the same thing are known as
+/// one edited: for keys LXC takes many times, the device of a device rule (`c 10:200`),
+/// the target of a mount entry, the variable of an environment line; for keys LXC takes
+/// once (a profile, a cgroup limit, a sysctl), the key. `None` for lines that cannot be
+/// told apart that way (hooks, includes, id maps, ...): only an exact line matches them.
+pub fn lxc_subject(key: &str, value: &str) -> Option<String> {
+    let single = |k: &str| {
+        matches!(
+            k,
+            "lxc.apparmor.profile"
+                | "lxc.apparmor.allow_nesting"
+                | "lxc.apparmor.allow_incomplete"
+                | "lxc.seccomp.profile"
+                | "lxc.tty.max"
+                | "lxc.pty.max"
+                | "lxc.autodev"
+                | "lxc.init.cmd"
+                | "lxc.signal.halt"
+                | "lxc.signal.stop"
+                | "lxc.signal.reboot"
+        ) || ["lxc.sysctl.", "lxc.prlimit.", "lxc.proc."]
+            .iter()
+            .any(|p| k.starts_with(p))
+    };
+    if is_allow_key(key) || matches!(key, "lxc.cgroup2.devices.deny" | "lxc.cgroup.devices.deny") {
+        // `TYPE MAJOR:MINOR ACCESS`, or `a` for every device.
+        let mut words = value.split_whitespace();
+        let kind = words.next()?;
+        return Some(match words.next() {
+            Some(dev) => format!("{kind} {dev}"),
+            None => kind.to_string(),
+        });
+    }
+    match key {
+        "lxc.mount.entry" => value.split_whitespace().nth(1).map(str::to_string),
+        "lxc.environment" => value
+            .split_once('=')
+            .map(|(name, _)| name.trim().to_string()),
+        _ if key.starts_with("lxc.cgroup2.") || key.starts_with("lxc.cgroup.") => {
+            Some(String::new())
+        }
+        _ if single(key) => Some(String::new()),
+        _ => None,
     }
 }
 
@@ -252,5 +307,62 @@ mod tests {
         assert_eq!(d.attributes.len(), 1, "{d:?}");
         assert_eq!(d.attributes[0].name, "dev1");
         assert!(spec.diff(&converged).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_edited_raw_line_of_a_role_is_replaced_and_other_lines_are_the_users() {
+        // A role of the user's (no GPU facts): a TUN device and its mount.
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "tun".into(),
+            lines: vec![
+                "lxc.cgroup2.devices.allow: c 10:200 rwm".into(),
+                "lxc.mount.entry: /dev/net dev/net none bind,create=dir".into(),
+                "lxc.apparmor.profile: unconfined".into(),
+            ],
+            owner: None,
+        };
+        let allow = "lxc.cgroup2.devices.allow";
+        let mount = "lxc.mount.entry";
+        // The rule edited (`m` dropped), the mount made read-only, the profile changed;
+        // a rule for another device and another mount are the user's.
+        let d = spec
+            .diff(&facts(
+                &[
+                    (allow, "c 10:200 rw"),
+                    (allow, "c 10:229 rwm"),
+                    (mount, "/dev/net dev/net none bind,ro,create=dir"),
+                    (mount, "/srv/data srv/data none bind,create=dir"),
+                    ("lxc.apparmor.profile", "generated"),
+                ],
+                &[],
+            ))
+            .unwrap()
+            .unwrap();
+        let got: Vec<(&str, Option<&str>, Option<&str>)> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.before.as_deref(), a.after.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (allow, None, Some("c 10:200 rwm")),
+                (mount, None, Some("/dev/net dev/net none bind,create=dir")),
+                ("lxc.apparmor.profile", None, Some("unconfined")),
+                (allow, Some("c 10:200 rw"), None),
+                (
+                    mount,
+                    Some("/dev/net dev/net none bind,ro,create=dir"),
+                    None
+                ),
+                ("lxc.apparmor.profile", Some("generated"), None),
+            ],
+            "{d:?}"
+        );
+        assert!(!spec.owns(allow, "c 10:229 rwm"));
+        assert!(!spec.owns(mount, "/srv/data srv/data none bind,create=dir"));
+        // Lines nobody can tell apart stay the user's.
+        assert!(!spec.owns("lxc.hook.pre-start", "/usr/local/bin/x"));
     }
 }
