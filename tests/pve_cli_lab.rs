@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use provision_lab::client::PveClient;
-use provision_lab::testkit::{ContainerSpec, LabEnv};
+use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
 
 fn lab() -> LabEnv {
     LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
@@ -405,22 +405,29 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), before);
 }
 
-#[test]
-fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
+/// A container made behind provision's back (`spec`), and an inventory that declares it
+/// as it is (address, host name, disk) under `name`, with node SSH. The container is
+/// destroyed when the third value is dropped.
+fn existing(spec: ContainerSpec, name: &'static str) -> (Cli, Ct, TestContainer) {
     let lab = lab();
-    // A container provision did not create, running, with its guest answering SSH.
-    let existing = lab
-        .create_container(ContainerSpec {
-            privileged: true,
-            ..Default::default()
-        })
-        .expect("a lab container");
+    let existing = lab.create_container(spec).expect("a lab container");
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-adopt", existing.vmid, 0);
+    let mut ct = cli.ct(name, existing.vmid, 0);
     ct.ip_host = existing.ip.octets()[3].into();
     ct.hostname = Some(format!("ct{}", existing.vmid));
     ct.disk_gib = 4;
     cli.write(&ct, true);
+    (cli, ct, existing)
+}
+
+#[test]
+fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
+    // A container provision did not create, running, with its guest answering SSH.
+    let spec = ContainerSpec {
+        privileged: true,
+        ..Default::default()
+    };
+    let (cli, mut ct, _existing) = existing(spec, "pxc-adopt");
     let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
     assert!(plan.contains("adopted"), "{plan}");
     assert!(!plan.contains("+ container"), "never recreated: {plan}");
@@ -448,6 +455,33 @@ fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
         clean.contains("driver: not checked (no nvidia-smi in the container)"),
         "{clean}"
     );
+    assert_gpu_visible(&cli, &ct);
+}
+
+#[test]
+fn a_stopped_container_without_its_lines_gets_them_then_starts() {
+    // What a kill -9 between the create and the root-only lines leaves: the container
+    // there, stopped, without its lines. Its own op has nothing to do through the API (the
+    // start follows the lines); the apply still goes on to the lines, the start and the
+    // guest (it once stopped with "the agent ... stopped after 2 of 3 steps").
+    let spec = ContainerSpec {
+        privileged: true,
+        start: false,
+        wait_ssh: false,
+        // As the inventory has it: the container's only change is its start.
+        extra: vec![("swap".into(), "0".into())],
+        ..Default::default()
+    };
+    let (cli, ct, _existing) = existing(spec, "pxc-stopped");
+    let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("status = stopped -> running"), "{plan}");
+    assert!(!plan.contains("swap"), "{plan}");
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("starts after its root-only lines"), "{out}");
+    assert!(out.contains("locked edit of"), "{out}");
+    assert!(out.contains("start CT"), "{out}");
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    cli.expect(&["check"], 0);
     assert_gpu_visible(&cli, &ct);
 }
 

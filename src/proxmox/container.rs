@@ -326,6 +326,18 @@ pub fn apply(
             Some(f) => spec.update_delta(f).filter(|d| start || !only_start(d)),
         };
         let Some(delta) = delta else {
+            // Nothing to do through the API: already as declared, or stopped with only its
+            // start left, which follows its root-only lines ([`start`]). Still one outcome:
+            // an op that reports nothing reads as an apply that stopped short (a kill -9
+            // between the create and the lines left such a container).
+            let what = match &found {
+                Some(f) if spec.update_delta(f).is_some() => format!(
+                    "CT {}: nothing to change through the API; it starts after its root-only lines",
+                    spec.vmid
+                ),
+                _ => format!("CT {}: already as declared", spec.vmid),
+            };
+            log(&what, Duration::ZERO);
             return Ok(());
         };
         let result = match (delta.action, &found) {
