@@ -370,7 +370,38 @@ pub fn render_exports(vars: &[(String, String)]) -> String {
 
 /// Brings the lab up (idempotent) and returns its exports.
 pub fn up(exe: &Path) -> Result<Vec<(String, String)>> {
-    up_with(exe, settings()?)
+    up_with(exe, running_as_asked()?)
+}
+
+/// The settings `up` (or `reinstall`) works with: the running lab's, when one runs in
+/// `LAB_DIR`, else the environment's. A running lab whose settings differ from what the
+/// environment sets now is an error naming each difference: keeping it silently gave a
+/// caller another lab than it asked for (a non-cluster lab to a run that set
+/// `LAB_CLUSTER_NODES`), and restarting it would stop containers others may be using.
+fn running_as_asked() -> Result<Settings> {
+    let asked = Settings::from_env()?;
+    let Ok(running) = Settings::load(&asked.dir) else {
+        return Ok(asked);
+    };
+    if !is_up(&running) {
+        return Ok(asked);
+    }
+    let is_set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty());
+    let diff = running.differences(&asked, &is_set);
+    if diff.is_empty() {
+        return Ok(running);
+    }
+    Err(hinted(
+        format!(
+            "the lab in {} is already running with other settings than asked for:\n  {}",
+            running.dir.display(),
+            diff.join("\n  ")
+        ),
+        format!(
+            "`scripts/lab down` first (with LAB_DIR={}), then `scripts/lab up` again; or unset those variables to use the running lab as it is",
+            running.dir.display()
+        ),
+    ))
 }
 
 /// [`up`] with these settings.
@@ -493,7 +524,7 @@ pub fn down(lab: &Settings) -> Result<()> {
 /// Wipes the node (configs, containers, unpacked templates, keys of the host) but keeps the
 /// shared data directory, the mirror and the client credentials, then brings it up again.
 pub fn reinstall(exe: &Path) -> Result<Vec<(String, String)>> {
-    let lab = settings()?;
+    let lab = running_as_asked()?;
     down(&lab)?;
     if crate::node::has_mounts_below(&lab.dir) {
         bail!(

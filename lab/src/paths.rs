@@ -138,6 +138,76 @@ impl Settings {
         Ok(s)
     }
 
+    /// What `asked` (the environment's settings now) asks for differently from these (a
+    /// running lab's), one `VAR: running X, asked for Y` each. Only variables that are set
+    /// (`is_set`) count: an unset one asks for nothing, whatever its default.
+    pub fn differences(&self, asked: &Settings, is_set: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let path = |p: &Path| p.display().to_string();
+        let pairs = [
+            ("LAB_NODE", self.node.clone(), asked.node.clone()),
+            (
+                "LAB_CLUSTER_NODES",
+                self.cluster_nodes.join(","),
+                asked.cluster_nodes.join(","),
+            ),
+            ("LAB_BRIDGE", self.bridge.clone(), asked.bridge.clone()),
+            (
+                "LAB_BRIDGE_CIDR",
+                self.bridge_cidr.clone(),
+                asked.bridge_cidr.clone(),
+            ),
+            (
+                "LAB_API_PORT",
+                self.api_port.to_string(),
+                asked.api_port.to_string(),
+            ),
+            (
+                "LAB_SSH_PORT",
+                self.ssh_port.to_string(),
+                asked.ssh_port.to_string(),
+            ),
+            (
+                "LAB_MIRROR_PORT",
+                self.mirror_port.to_string(),
+                asked.mirror_port.to_string(),
+            ),
+            ("LAB_LOCK_DIR", path(&self.lock_dir), path(&asked.lock_dir)),
+            (
+                "LAB_SHARED_DIR",
+                path(&self.shared_dir),
+                path(&asked.shared_dir),
+            ),
+            (
+                "LAB_MIRROR_DIR",
+                path(&self.mirror_dir),
+                path(&asked.mirror_dir),
+            ),
+            (
+                "LAB_VETH_PREFIX",
+                self.veth_prefix.clone(),
+                asked.veth_prefix.clone(),
+            ),
+        ];
+        let shown = |v: &str| {
+            if v.is_empty() {
+                "(none)".to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        pairs
+            .into_iter()
+            .filter(|(var, running, want)| is_set(var) && running != want)
+            .map(|(var, running, want)| {
+                format!(
+                    "{var}: running {}, asked for {}",
+                    shown(&running),
+                    shown(&want)
+                )
+            })
+            .collect()
+    }
+
     /// Reads the settings saved by `up` in `dir`.
     pub fn load(dir: &Path) -> Result<Settings> {
         let path = dir.join("settings.json");
@@ -270,5 +340,49 @@ impl Settings {
     /// The lock file Proxmox uses for a container's config.
     pub fn lock_path(&self, vmid: u32) -> PathBuf {
         self.lock_dir.join(format!("pve-config-{vmid}.lock"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lab() -> Settings {
+        Settings {
+            dir: PathBuf::from("/var/lib/provision-lab-x"),
+            node: "lab".into(),
+            bridge: "vmbrx".into(),
+            bridge_cidr: "10.99.0.1/24".into(),
+            api_port: 8706,
+            ssh_port: 2922,
+            mirror_port: 8780,
+            lock_dir: PathBuf::from("/var/lib/provision-lab-x/run/lock/lxc"),
+            cache_dir: PathBuf::from(DEFAULT_CACHE),
+            shared_dir: PathBuf::from("/var/lib/provision-lab-x/shared"),
+            mirror_dir: PathBuf::from("/var/lib/provision-lab-x/mirror"),
+            schema: None,
+            veth_prefix: "v1a".into(),
+            cluster_nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_what_is_asked_for_differently_counts() {
+        let running = lab();
+        let mut asked = lab();
+        asked.cluster_nodes = vec!["lab2".into()];
+        asked.api_port = 8006;
+        asked.bridge = "vmbr0".into();
+        // LAB_API_PORT unset: its default (8006) asks for nothing.
+        let set = |v: &str| matches!(v, "LAB_CLUSTER_NODES" | "LAB_BRIDGE");
+        assert_eq!(
+            running.differences(&asked, &set),
+            vec![
+                "LAB_CLUSTER_NODES: running (none), asked for lab2".to_string(),
+                "LAB_BRIDGE: running vmbrx, asked for vmbr0".to_string(),
+            ]
+        );
+        // The lab's own exports, evaluated again, ask for what runs.
+        assert!(running.differences(&lab(), &|_| true).is_empty());
     }
 }
