@@ -49,7 +49,7 @@ enum Cmd {
     Fault {
         /// Regex on the path below /api2/json; `clear` removes all rules, `list` shows them.
         path: String,
-        /// lock-timeout, broken-pipe, task-error, slow-task, drop, error.
+        /// lock-timeout, broken-pipe, task-error, slow-task, drop, error, slow.
         #[arg(long, default_value = "error")]
         kind: String,
         /// HTTP method to match.
@@ -64,7 +64,7 @@ enum Cmd {
         /// Status (error).
         #[arg(long)]
         status: Option<u16>,
-        /// Delay in milliseconds (slow-task; before answering otherwise).
+        /// Delay in milliseconds (slow-task, slow; before answering otherwise).
         #[arg(long)]
         delay_ms: Option<u64>,
         /// Only calls whose parameters contain KEY=VALUE.
@@ -150,7 +150,7 @@ fn run(cli: Cli) -> Result<i32> {
                     ))
                     .map_err(|_| Hinted {
                         message: format!("unknown fault kind '{kind}'"),
-                        hint: "use lock-timeout, broken-pipe, task-error, slow-task, drop or error"
+                        hint: "use lock-timeout, broken-pipe, task-error, slow-task, drop, error or slow"
                             .into(),
                     })?;
                     env.inject_fault(&FaultRule {

@@ -473,6 +473,18 @@ fn faults_fail_the_next_matching_calls() {
         ),
     );
 
+    // Slow: the same answer as without the rule, only later.
+    let mut slow = fault("^/nodes/lab/lxc/4344/pending$", FaultKind::Slow, 1, None);
+    slow.delay_ms = Some(700);
+    lab().inject_fault(&slow).unwrap();
+    let t0 = std::time::Instant::now();
+    assert_err(
+        api().call("GET", &node("/lxc/4344/pending"), &[]),
+        500,
+        "Configuration file 'nodes/lab/lxc/4344.conf' does not exist",
+    );
+    assert!(t0.elapsed() >= std::time::Duration::from_millis(700));
+
     lab()
         .inject_fault(&fault(
             "^/nodes/lab/lxc/4342/status/current$",

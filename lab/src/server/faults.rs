@@ -31,6 +31,9 @@ pub enum FaultKind {
     Drop,
     /// `status` with `message`.
     Error,
+    /// The call is answered as usual, `delay_ms` late (a node busy answering; a test
+    /// that must act while a call is in flight).
+    Slow,
 }
 
 /// One rule.
@@ -82,6 +85,8 @@ pub enum Fault {
     Drop,
     /// Let the call run, with this fault in its task.
     Task(TaskFault),
+    /// Let the call run as usual (after the rule's delay).
+    Pass,
 }
 
 /// The active rules.
@@ -179,6 +184,7 @@ impl Faults {
                 rule.message.unwrap_or_else(|| "injected failure".into()),
             )),
             FaultKind::Drop => Fault::Drop,
+            FaultKind::Slow => Fault::Pass,
             FaultKind::TaskError => {
                 Fault::Task(TaskFault::Error(rule.message.unwrap_or_else(|| {
                     "command 'lxc-start' failed: exit code 1".into()

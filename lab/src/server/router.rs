@@ -109,6 +109,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Bo
             Fault::Drop => return Err(Dropped),
             Fault::Respond(e) => return Ok(respond(Err(e))),
             Fault::Task(t) => task_fault = Some(t),
+            Fault::Pass => {}
         }
     }
     let mut ctx = Ctx {
