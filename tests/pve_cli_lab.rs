@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use provision_lab::client::PveClient;
+use provision_lab::server::faults::{FaultKind, FaultRule};
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
 
 fn lab() -> LabEnv {
@@ -483,6 +484,54 @@ fn a_stopped_container_without_its_lines_gets_them_then_starts() {
     assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
     cli.expect(&["check"], 0);
     assert_gpu_visible(&cli, &ct);
+}
+
+#[test]
+fn a_start_that_finds_the_container_started_by_an_earlier_task_is_done() {
+    // What a kill -9 during the start task leaves: the task still going on the node (here
+    // slowed to 8 s, holding the config lock) while the next apply reads the container
+    // stopped and starts it; its start then finds it running (`CT N already running`).
+    let spec = ContainerSpec {
+        privileged: true,
+        start: false,
+        wait_ssh: false,
+        extra: vec![("swap".into(), "0".into())],
+        ..Default::default()
+    };
+    let (cli, mut ct, existing) = existing(spec, "pxc-started");
+    ct.gpu = false;
+    cli.write(&ct, true);
+    let start = format!(
+        "/nodes/{}/lxc/{}/status/start",
+        cli.lab.node(),
+        existing.vmid
+    );
+    cli.lab
+        .inject_fault(&FaultRule {
+            method: Some("POST".into()),
+            path: format!("^{start}$"),
+            param: None,
+            count: 1,
+            kind: FaultKind::SlowTask,
+            message: None,
+            status: None,
+            delay_ms: Some(8000),
+            hold_lock: true,
+        })
+        .unwrap();
+    cli.lab
+        .root_api()
+        .unwrap()
+        .call("POST", &start, &[])
+        .unwrap();
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("status = stopped -> running"), "{out}");
+    assert!(
+        out.contains("already running (started by an earlier task"),
+        "{out}"
+    );
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    cli.expect(&["check"], 0);
 }
 
 #[test]

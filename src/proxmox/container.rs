@@ -382,7 +382,7 @@ pub fn start(
     let base = api.node_path(&format!("/lxc/{vmid}"));
     let running = listing.get(&vmid).is_some_and(|(_, r)| *r);
     if !running {
-        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
+        start_ct(api, &base, vmid, log)?;
     } else if reboot {
         let what = format!("reboot CT {vmid} so its new root-only lines take effect");
         power(api, &base, "reboot", &what, log)?;
@@ -404,6 +404,40 @@ pub fn start(
 }
 
 /// `POST {base}/status/{action}` followed to its end, logged as `what`.
+/// Starts CT `vmid`. A start refused because it already runs counts as done: a start task
+/// of an earlier apply (killed while it waited for that task) may have started it since
+/// it was read; the state is read back after either way.
+fn start_ct(
+    api: &NodeApi,
+    base: &str,
+    vmid: u64,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ProxmoxError> {
+    match power(api, base, "start", &format!("start CT {vmid}"), log) {
+        Err(e) if already_running(&e, vmid) => {
+            log(
+                &format!(
+                    "start CT {vmid}: already running (started by an earlier task since it was read)"
+                ),
+                Duration::ZERO,
+            );
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Whether `e` is Proxmox refusing to start CT `vmid` because it runs (answered at once,
+/// or as the start task's error).
+fn already_running(e: &ProxmoxError, vmid: u64) -> bool {
+    let refusal = format!("CT {vmid} already running");
+    match e {
+        ProxmoxError::Task { exitstatus, .. } => exitstatus.contains(&refusal),
+        ProxmoxError::Api { message, .. } => message.contains(&refusal),
+        _ => false,
+    }
+}
+
 fn power(
     api: &NodeApi,
     base: &str,
@@ -533,7 +567,7 @@ fn update(
         return Ok(());
     }
     if !found.running {
-        power(api, &base, "start", &format!("start CT {vmid}"), log)?;
+        start_ct(api, &base, vmid, log)?;
         return Ok(());
     }
     if spec.restart == RestartPolicy::Allowed {
