@@ -421,6 +421,17 @@ fn existing(spec: ContainerSpec, name: &'static str) -> (Cli, Ct, TestContainer)
     (cli, ct, existing)
 }
 
+/// A privileged container, stopped, as [`Cli::ct`]'s inventory has it but for its start.
+fn stopped() -> ContainerSpec {
+    ContainerSpec {
+        privileged: true,
+        start: false,
+        wait_ssh: false,
+        extra: vec![("swap".into(), "0".into())],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
     // A container provision did not create, running, with its guest answering SSH.
@@ -465,15 +476,7 @@ fn a_stopped_container_without_its_lines_gets_them_then_starts() {
     // there, stopped, without its lines. Its own op has nothing to do through the API (the
     // start follows the lines); the apply still goes on to the lines, the start and the
     // guest (it once stopped with "the agent ... stopped after 2 of 3 steps").
-    let spec = ContainerSpec {
-        privileged: true,
-        start: false,
-        wait_ssh: false,
-        // As the inventory has it: the container's only change is its start.
-        extra: vec![("swap".into(), "0".into())],
-        ..Default::default()
-    };
-    let (cli, ct, _existing) = existing(spec, "pxc-stopped");
+    let (cli, ct, _existing) = existing(stopped(), "pxc-stopped");
     let plan = cli.expect(&["plan", "--detailed-exitcode"], 2);
     assert!(plan.contains("status = stopped -> running"), "{plan}");
     assert!(!plan.contains("swap"), "{plan}");
@@ -491,14 +494,7 @@ fn a_start_that_finds_the_container_started_by_an_earlier_task_is_done() {
     // What a kill -9 during the start task leaves: the task still going on the node (here
     // slowed to 8 s, holding the config lock) while the next apply reads the container
     // stopped and starts it; its start then finds it running (`CT N already running`).
-    let spec = ContainerSpec {
-        privileged: true,
-        start: false,
-        wait_ssh: false,
-        extra: vec![("swap".into(), "0".into())],
-        ..Default::default()
-    };
-    let (cli, mut ct, existing) = existing(spec, "pxc-started");
+    let (cli, mut ct, existing) = existing(stopped(), "pxc-started");
     ct.gpu = false;
     cli.write(&ct, true);
     let start = format!(
