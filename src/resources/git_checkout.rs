@@ -96,7 +96,7 @@ pub struct GitFact {
 
 /// A git checkout through git itself (HEAD, origin, local changes to tracked files).
 pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
-    if !path.join(".git").exists() {
+    if !path.join(".git").exists() || unfinished_clone(path) {
         return Ok(None);
     }
     let run = |args: &[&str]| -> Result<String, HostError> {
@@ -114,24 +114,60 @@ pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
     }))
 }
 
-/// Checks out a commit (cloning first if needed), discarding local changes.
+/// Whether `path` holds nothing but a `.git` in which HEAD is no commit: a clone that never
+/// finished (made before clones went through a folder of their own, and killed mid-way).
+/// Read as no checkout, and cloned anew.
+fn unfinished_clone(path: &Path) -> bool {
+    let only_git = std::fs::read_dir(path)
+        .map(|d| d.flatten().all(|e| e.file_name() == ".git"))
+        .unwrap_or(false);
+    only_git
+        && !Command::new("git")
+            .arg("-C")
+            .arg(path)
+            .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+/// Checks out a commit (cloning first if needed), discarding local changes. A clone is
+/// made in a folder beside `path` and renamed into place, so a clone killed mid-way never
+/// stands at `path`.
 pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError> {
     let git = |args: &[&str]| -> Result<(), HostError> {
         let mut full = vec!["-C".to_string(), path.to_string()];
         full.extend(args.iter().map(|s| s.to_string()));
         crate::host::run("git", &full, &[])
     };
+    let io = |action, p: &str| {
+        let path = Path::new(p).to_path_buf();
+        move |source| HostError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    if unfinished_clone(Path::new(path)) {
+        std::fs::remove_dir_all(path).map_err(io("remove the unfinished clone", path))?;
+    }
     if !Path::new(path).join(".git").exists() {
+        let tmp = format!("{path}.provision-clone");
+        if Path::new(&tmp).exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+        }
         crate::host::run(
             "git",
             &[
                 "clone".into(),
                 "--no-checkout".into(),
                 repo.to_string(),
-                path.to_string(),
+                tmp.clone(),
             ],
             &[],
         )?;
+        // Over an empty folder too (rename(2) replaces one); one with files in it is the
+        // user's: the rename fails and says so.
+        std::fs::rename(&tmp, path).map_err(io("move the new clone into place at", path))?;
     }
     // A checkout whose origin was changed by hand fetches from the declared repository again.
     let origin = Command::new("git")
@@ -160,4 +196,66 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError>
     }
     git(&["checkout", "--quiet", "--force", "--detach", revision])?;
     git(&["reset", "--quiet", "--hard", revision])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn a_clone_killed_mid_way_reads_as_absent_and_is_cloned_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        git(&src, &["init", "-q", "-b", "main"]);
+        std::fs::write(src.join("a"), "a\n").unwrap();
+        git(&src, &["add", "a"]);
+        git(&src, &["commit", "-qm", "a"]);
+        let rev = git(&src, &["rev-parse", "HEAD"]);
+        let repo = src.display().to_string();
+        // What `git clone` leaves when killed before it fetched: `.git` and no commit (git
+        // then says "not a git repository" or cannot resolve HEAD).
+        for broken in ["no-head", "no-objects"] {
+            let dst = tmp.path().join(broken);
+            std::fs::create_dir(&dst).unwrap();
+            git(&dst, &["init", "-q"]);
+            if broken == "no-head" {
+                std::fs::remove_file(dst.join(".git/HEAD")).unwrap();
+            }
+            assert_eq!(read(&dst).unwrap(), None, "{broken}");
+            checkout(&repo, &rev, &dst.display().to_string()).unwrap();
+            let fact = read(&dst).unwrap().expect("a checkout");
+            assert_eq!(fact.head, rev);
+            assert_eq!(std::fs::read_to_string(dst.join("a")).unwrap(), "a\n");
+            assert!(
+                !tmp.path()
+                    .join(format!("{broken}.provision-clone"))
+                    .exists()
+            );
+        }
+        // A folder with the user's files in it is never removed or cloned over.
+        let user = tmp.path().join("user");
+        std::fs::create_dir_all(user.join(".git")).unwrap();
+        std::fs::write(user.join("notes"), "mine\n").unwrap();
+        assert!(checkout(&repo, &rev, &user.display().to_string()).is_err());
+        assert_eq!(
+            std::fs::read_to_string(user.join("notes")).unwrap(),
+            "mine\n"
+        );
+    }
 }
