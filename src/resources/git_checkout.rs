@@ -169,6 +169,16 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError>
         // user's: the rename fails and says so.
         std::fs::rename(&tmp, path).map_err(io("move the new clone into place at", path))?;
     }
+    // A git killed with its apply leaves its lock files, and every later git refuses the
+    // repository until they are gone. This step runs under the target's apply lock and the
+    // checkout is the inventory's, so no other git of provision's works here now.
+    for lock in ["index.lock", "HEAD.lock"] {
+        let stale = Path::new(path).join(".git").join(lock);
+        if stale.exists() {
+            let shown = stale.display().to_string();
+            std::fs::remove_file(&stale).map_err(io("remove the stale lock", &shown))?;
+        }
+    }
     // A checkout whose origin was changed by hand fetches from the declared repository again.
     let origin = Command::new("git")
         .args(["-C", path, "config", "--get", "remote.origin.url"])
@@ -248,6 +258,13 @@ mod tests {
                     .exists()
             );
         }
+        // A checkout killed mid-way leaves git's index lock: the next one goes on.
+        let dst = tmp.path().join("no-head");
+        std::fs::write(dst.join(".git/index.lock"), "").unwrap();
+        std::fs::write(dst.join("a"), "changed\n").unwrap();
+        checkout(&repo, &rev, &dst.display().to_string()).unwrap();
+        assert_eq!(std::fs::read_to_string(dst.join("a")).unwrap(), "a\n");
+        assert!(!dst.join(".git/index.lock").exists());
         // A folder with the user's files in it is never removed or cloned over.
         let user = tmp.path().join("user");
         std::fs::create_dir_all(user.join(".git")).unwrap();
