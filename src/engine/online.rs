@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::error::{EngineError, OpenError};
 use super::schedule::{self, Follow, Limits, Outcome, Skipped};
 use super::{Desired, DesiredTarget, diff_target};
 use crate::access::{ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
@@ -16,21 +17,21 @@ use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
 /// Opens read access to one target (called from several threads at once).
-pub type Read<'a> = dyn Fn(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> + Sync + 'a;
+pub type Read<'a> = dyn Fn(&DesiredTarget) -> Result<Box<dyn TargetReader>, OpenError> + Sync + 'a;
 /// Opens write access to one target (called from several threads at once).
-pub type Connect<'a> = dyn Fn(&TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> + Sync + 'a;
+pub type Connect<'a> = dyn Fn(&TargetPlan) -> Result<Box<dyn TargetWriter>, OpenError> + Sync + 'a;
 
 /// A plan of the targets that could be read, and why the others could not.
 pub struct PartialPlan {
     /// The plan of every target read.
     pub plan: Plan,
     /// The targets not read, in inventory order, each with its error.
-    pub failures: Vec<(Target, anyhow::Error)>,
+    pub failures: Vec<(Target, EngineError)>,
 }
 
 impl PartialPlan {
     /// The plan, or one error naming every target that could not be read.
-    pub fn whole(self) -> anyhow::Result<Plan> {
+    pub fn whole(self) -> Result<Plan, EngineError> {
         if self.failures.is_empty() {
             return Ok(self.plan);
         }
@@ -56,9 +57,9 @@ pub fn plan(
         &schedule::jobs(&targets),
         limits,
         Follow::Always,
-        &|i| -> anyhow::Result<TargetPlan> {
+        &|i| -> Result<TargetPlan, EngineError> {
             let d = &desired[i];
-            let reader = read(d)?;
+            let reader = read(d).map_err(EngineError::Open)?;
             let probes = d.probes();
             let facts = reader.read(&probes)?;
             let mut target = diff_target(d, &facts)?;
@@ -79,7 +80,7 @@ pub fn plan(
             Outcome::Ran(Err(e)) => failures.push((d.target.clone(), e)),
             Outcome::Skipped(why) => failures.push((
                 d.target.clone(),
-                anyhow::anyhow!("not read ({})", skip_reason(why, &targets)),
+                EngineError::NotReached(skip_reason(why, &targets)),
             )),
         }
     }
@@ -138,7 +139,7 @@ pub fn apply(
     limits: &Limits,
     connect: &Connect,
     on_step: &(dyn Fn(&Target, &OpOutcome) + Sync),
-) -> anyhow::Result<Vec<TargetOutcome>> {
+) -> Result<Vec<TargetOutcome>, EngineError> {
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
@@ -278,7 +279,7 @@ pub fn apply(
         Follow::OnSuccess,
         &|i| {
             let (t, ops) = &work[i];
-            let writer = connect(t)?;
+            let writer = connect(t).map_err(EngineError::Open)?;
             apply_target(t, ops, writer.as_ref(), &|results| {
                 let _held = printing.lock().unwrap_or_else(|p| p.into_inner());
                 for r in results {
@@ -290,7 +291,7 @@ pub fn apply(
     );
     let mut outcomes = Vec::new();
     let mut degraded: Vec<Degraded> = Vec::new();
-    let mut failures: Vec<(Target, anyhow::Error)> = Vec::new();
+    let mut failures: Vec<(Target, EngineError)> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     for (result, (t, _)) in results.into_iter().zip(&work) {
         match result {
@@ -337,7 +338,7 @@ fn apply_target(
     steps: &[Op],
     writer: &dyn TargetWriter,
     report: &dyn Fn(&[OpOutcome]),
-) -> anyhow::Result<(TargetOutcome, Vec<Degraded>)> {
+) -> Result<(TargetOutcome, Vec<Degraded>), EngineError> {
     let started = Instant::now();
     let results = writer.run(steps)?;
     report(&results);
@@ -421,10 +422,10 @@ fn skip_reason(why: Skipped, targets: &[&Target]) -> String {
 /// there is, else every target's error (and those not reached) in one diagnostic.
 fn many_failed(
     what: &str,
-    mut failures: Vec<(Target, anyhow::Error)>,
+    mut failures: Vec<(Target, EngineError)>,
     skipped: Vec<String>,
     total: usize,
-) -> anyhow::Error {
+) -> EngineError {
     if failures.len() == 1 && skipped.is_empty() && total == 1 {
         return failures.remove(0).1;
     }
@@ -433,7 +434,11 @@ fn many_failed(
         failures.len()
     ));
     for (target, e) in &failures {
-        d = d.cause(format!("{}: {e:#}", target.heading()));
+        d = d.cause(format!(
+            "{}: {}",
+            target.heading(),
+            crate::diagnostic::one_line(e)
+        ));
     }
     for s in skipped {
         d = d.cause(s);
@@ -449,7 +454,7 @@ fn refuse_stale(
     work: &[(&TargetPlan, Vec<Op>)],
     limits: &Limits,
     connect: &Connect,
-) -> anyhow::Result<()> {
+) -> Result<(), EngineError> {
     let targets: Vec<&Target> = work.iter().map(|(t, _)| &t.target).collect();
     let reads = schedule::run(
         &schedule::jobs(&targets),
@@ -458,7 +463,7 @@ fn refuse_stale(
             ..*limits
         },
         Follow::Always,
-        &|i| -> anyhow::Result<Option<String>> {
+        &|i| -> Result<Option<String>, EngineError> {
             let t = work[i].0;
             let Some(stamp) = &t.read else {
                 return Ok(Some(format!(
@@ -466,7 +471,10 @@ fn refuse_stale(
                     t.target.heading()
                 )));
             };
-            let now = connect(t)?.read(&stamp.probes)?.digest(&stamp.probes)?;
+            let now = connect(t)
+                .map_err(EngineError::Open)?
+                .read(&stamp.probes)?
+                .digest(&stamp.probes)?;
             Ok((now != stamp.digest)
                 .then(|| format!("{} changed since the plan was made", t.target.heading())))
         },
@@ -515,7 +523,7 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
 }
 
 /// Reads the changed resources again: an apply that did not converge is an error.
-fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()> {
+fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> Result<(), EngineError> {
     let desired = DesiredTarget {
         target: t.target.clone(),
         resources: t
