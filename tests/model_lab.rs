@@ -121,20 +121,8 @@ fn download_on_the_target_into_shared_verify_and_repair() {
         0,
     );
     assert!(planned.contains("~ model /shared/models/m"), "{planned}");
-    let applied = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes", "--known-hosts"])
-        .arg(g.dir.path().join("known_hosts"))
-        .arg(&saved)
-        .env("NO_COLOR", "1")
-        .env_remove("SSH_AUTH_SOCK")
-        .output()
-        .unwrap();
-    assert_eq!(
-        applied.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    let (code, _, err) = g.apply_saved(&saved, &[]);
+    assert_eq!(code, Some(0), "{err}");
     hub_support::assert_identical(&hub_support::model("org/model"), &dest);
     g.expect(&["check", "--verify-full"], 0);
 }

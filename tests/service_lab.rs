@@ -103,7 +103,34 @@ fn line_of(path: &Path, key: &str) -> usize {
         + 1
 }
 
+/// `file:line:col` of the value of `key` in the inventory `path`, as apply names it.
+fn value_at(path: &Path, key: &str) -> String {
+    let line = line_of(path, key);
+    let text = std::fs::read_to_string(path).unwrap();
+    let column = text.lines().nth(line - 1).unwrap().find(key).unwrap() + key.len() + 2;
+    format!("{}:{line}:{column}", path.display())
+}
+
+/// The line of `stderr` that says where the failed service is declared.
+fn declared_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.contains("the service is declared at "))
+        .unwrap_or_else(|| panic!("no position in:\n{stderr}"))
+        .trim()
+}
+
 impl Lab {
+    /// Saves a plan of the current inventory and applies it, expecting exit 1: its stderr.
+    fn apply_saved_failing(&self, name: &str) -> String {
+        let saved = self.g.dir.path().join(name);
+        self.g
+            .expect(&["plan", "--out", saved.to_str().unwrap()], 0);
+        let (code, out, err) = self.g.apply_saved(&saved, &[]);
+        assert_eq!(code, Some(1), "{out}\n{err}");
+        err
+    }
+
     /// Writes the inventory: llm-two's service, with `flags` deciding whether the two
     /// settings the seeds' first unit lacked are there, and `env` more environment (the
     /// stand-in's knobs).
@@ -248,14 +275,19 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
     assert!(err.contains(SEED_ERROR), "{err}");
     // Found after rendering, on the target, and still pointing at the inventory's line.
     let inventory = l.g.dir.path().join("inventory.yaml");
-    let served = line_of(&inventory, "served_model_name:");
-    assert!(
-        err.contains(&format!(
-            "the service is declared at {}:{served}:",
-            inventory.display()
-        )),
-        "{err}"
+    let served = value_at(&inventory, "served_model_name:");
+    assert_eq!(
+        declared_line(&err),
+        format!("the service is declared at {served}")
     );
+    // The same plan saved and applied later: refused alike, naming the same place.
+    let saved = l.apply_saved_failing("refused.plan.json");
+    assert!(
+        saved.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
+        "{saved}"
+    );
+    assert!(saved.contains(SEED_ERROR), "{saved}");
+    assert_eq!(declared_line(&saved), declared_line(&err));
     assert_eq!(l.unit(), unit, "the unit was written despite the preflight");
     assert_eq!(
         l.main_pid(),
@@ -353,6 +385,23 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
         took < 15.0,
         "the crash loop took {took:.1}s to call and roll back"
     );
+    assert_eq!(l.unit(), good);
+    assert!(l.serving());
+    let inventory = l.g.dir.path().join("inventory.yaml");
+    assert_eq!(
+        declared_line(&err),
+        format!(
+            "the service is declared at {}",
+            value_at(&inventory, "served_model_name:")
+        )
+    );
+    // The same deploy from a saved plan fails alike and names the same place.
+    let saved = l.apply_saved_failing("crash.plan.json");
+    assert!(
+        saved.contains("crash loop") && saved.contains("rolled back"),
+        "{saved}"
+    );
+    assert_eq!(declared_line(&saved), declared_line(&err));
     assert_eq!(l.unit(), good);
     assert!(l.serving());
 

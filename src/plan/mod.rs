@@ -10,8 +10,9 @@ pub use print::render_human;
 use crate::resources::ResourceSpec;
 use crate::resources::wire::Probe;
 
-/// The version of the JSON plan format; bumped on any incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version of the JSON plan format; bumped on any change another version would read
+/// differently. 2: services keep where the inventory declared them (`declared`).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -176,6 +176,25 @@ impl Guest {
         cmd.output().unwrap()
     }
 
+    /// Applies a plan saved by `plan --out` (whole: a saved plan takes no `--target`) with
+    /// this test's own known_hosts and `extra` flags; exit code, stdout and stderr.
+    pub fn apply_saved(&self, plan: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_provision"))
+            .args(["apply", "--yes", "--known-hosts"])
+            .arg(self.dir.path().join("known_hosts"))
+            .args(extra)
+            .arg(plan)
+            .env("NO_COLOR", "1")
+            .env_remove("SSH_AUTH_SOCK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// [`Self::provision`], asserting its exit code; stdout and stderr.
     pub fn expect(&self, args: &[&str], code: i32) -> (String, String) {
         let out = self.provision(args);
