@@ -2,6 +2,7 @@
 //! batched per target ([`facts`]), and the diff that makes the [`Plan`].
 
 pub mod desired;
+pub mod fresh;
 pub mod host;
 pub mod online;
 pub mod schedule;
