@@ -9,27 +9,19 @@ mod guestlab;
 mod hub_support;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use fakehub::{Config, FakeHub};
 use guestlab::Guest;
-use provision_lab::testkit::ContainerSpec;
 
 /// A fake hub on the lab bridge's address, so containers reach it.
 fn bridge_hub(g: &Guest) -> FakeHub {
-    let cidr = g
-        .lab
-        .vars
-        .get("LAB_BRIDGE_CIDR")
-        .cloned()
-        .unwrap_or_else(|| "10.77.0.1/24".into());
-    let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
     let mut gated = hub_support::model("org/gated");
     gated.gated = true;
     FakeHub::start(Config {
-        listen: SocketAddr::new(ip, 0),
+        listen: SocketAddr::new(g.bridge_ip(), 0),
         repos: vec![hub_support::model("org/model"), gated],
         token: Some(hub_support::TOKEN.to_string()),
         page_size: 3,
@@ -62,15 +54,7 @@ fn inventory(g: &Guest, hub: &FakeHub, repo: &str, revision: &str, token: bool) 
 #[test]
 fn download_on_the_target_into_shared_verify_and_repair() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "model",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared("model", shared.path());
     let hub = bridge_hub(&g);
     let dest = shared.path().join("models/m");
 
@@ -216,15 +200,7 @@ fn read_only(g: &Guest, roots: &[&Path], args: &[&str], code: i32) -> String {
 #[test]
 fn check_and_verify_full_never_write_to_the_target() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "model-ro",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared("model-ro", shared.path());
     let hub = bridge_hub(&g);
     let dest = shared.path().join("models/m");
     inventory(&g, &hub, "org/model", "main", false);

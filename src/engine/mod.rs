@@ -3,6 +3,7 @@
 
 pub mod desired;
 pub mod error;
+pub mod fresh;
 pub mod host;
 pub mod online;
 pub mod schedule;

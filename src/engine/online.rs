@@ -85,6 +85,7 @@ pub fn plan(
         }
     }
     super::host::note_rebuilds(desired, &mut planned);
+    super::fresh::replan_replaced_guests(desired, &mut planned);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
@@ -471,6 +472,13 @@ fn refuse_stale(
                     t.target.heading()
                 )));
             };
+            // A guest planned as new on a container this plan creates or replaces: the
+            // container's own read says whether that still holds; there is no guest yet.
+            if super::fresh::starts_empty(&t.target, work.iter().map(|(p, _)| *p))
+                && super::fresh::read_empty(stamp)
+            {
+                return Ok(None);
+            }
             let now = connect(t)
                 .map_err(EngineError::Open)?
                 .read(&stamp.probes)?
