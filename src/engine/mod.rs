@@ -106,6 +106,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         unchanged,
         read: None,
         warnings,
+        not_read: None,
     })
 }
 
