@@ -577,4 +577,27 @@ fn a_saved_plan_builds_from_nothing_and_a_replace_builds_the_guest_again() {
     let conf = std::fs::read_to_string(cli.conf(9266)).unwrap();
     assert!(conf.contains("unprivileged: 1"), "{conf}");
     cli.expect(&["check"], 0);
+
+    // Stopped behind provision's back: its guest cannot be read. check names the stop and
+    // does not call the guest's resources missing; apply starts it, reads the guest and
+    // rewrites nothing that is already there (from a saved plan too).
+    let stamp = cli.guest(&ct, "stat -c %Y.%i /etc/app.conf");
+    let api = cli.lab.root_api().unwrap();
+    let node = cli.lab.node().to_string();
+    let upid = api
+        .call("POST", &format!("/nodes/{node}/lxc/9266/status/stop"), &[])
+        .unwrap();
+    api.wait_task(&node, upid.as_str().unwrap(), Duration::from_secs(60))
+        .unwrap();
+    let stopped = cli.dir.path().join("stopped.plan");
+    let drift = cli.expect(&["check"], 2);
+    assert!(changed(&drift, "status", "stopped -> running"), "{drift}");
+    assert!(drift.contains("not read: CT 9266 is stopped"), "{drift}");
+    assert!(!drift.contains("+ file /etc/app.conf"), "{drift}");
+    assert!(drift.contains("0 to add, 1 to change"), "{drift}");
+    cli.expect(&["plan", "--out", stopped.to_str().unwrap()], 0);
+    let out = cli.expect_on(&["apply", "--yes"], &stopped, 0);
+    assert!(!out.contains("write /etc/app.conf"), "{out}");
+    assert_eq!(cli.guest(&ct, "stat -c %Y.%i /etc/app.conf"), stamp);
+    cli.expect(&["check"], 0);
 }

@@ -18,7 +18,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use guestlab::{Guest, build_backends, git_repo, host};
-use provision_lab::testkit::ContainerSpec;
 
 /// The message SGLang 0.5.10 gives for the seeds' first unit (no space after `no_buffer.`).
 const SEED_ERROR: &str = "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.";
@@ -47,15 +46,7 @@ fn lab(name: &str) -> Lab {
         r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
     )
     .unwrap();
-    let g = Guest::with(
-        name,
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared(name, shared.path());
     let tree = tempfile::tempdir().unwrap();
     let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
     host(&format!(
@@ -487,6 +478,26 @@ fn a_slow_load_that_keeps_talking_is_waited_for() {
         journal.contains("Loading safetensors checkpoint shards: 100% Completed"),
         "the stand-in printed no tqdm bar: {journal}"
     );
+
+    // A load in progress that provision did not start (the node rebooted and systemd
+    // started the unit): not ready yet, so `check` calls it drift, but apply waits for
+    // the running server instead of restarting it and throwing the load away.
+    l.g.sh("systemctl restart sglang-qwen.service");
+    let pid = l.main_pid();
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(
+        drift.contains("not ready") && drift.contains("apply waits for it first"),
+        "{drift}"
+    );
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert_eq!(
+        l.main_pid(),
+        pid,
+        "apply restarted a loading server:\n{err}"
+    );
+    assert!(err.contains("(not restarted)"), "{err}");
+    assert!(l.serving());
+    l.g.expect(&["check"], 0);
 
     // The seeds' hang, silent at distributed init: still called within the stall timeout
     // plus one poll (5 s + 0.5 s: the verdict says 5 s without progress, not 6).

@@ -6,6 +6,7 @@ pub mod error;
 pub mod fresh;
 pub mod host;
 pub mod online;
+pub mod ops;
 pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
@@ -107,6 +108,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         unchanged,
         read: None,
         warnings,
+        not_read: None,
     })
 }
 

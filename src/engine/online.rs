@@ -2,16 +2,16 @@
 //! [`TargetReader`]s, which have no way to change a target; only [`apply`] is handed
 //! [`TargetWriter`]s, so `check` and `plan` cannot reach a write path by construction.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use super::error::{EngineError, OpenError};
+use super::ops::ops_of;
 use super::schedule::{self, Follow, Limits, Outcome, Skipped};
 use super::{Desired, DesiredTarget, diff_target};
-use crate::access::{ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
+use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Action, Change, Plan, PlanMode, ReadStamp, Target, TargetPlan};
+use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
@@ -63,6 +63,7 @@ pub fn plan(
             let probes = d.probes();
             let facts = reader.read(&probes)?;
             let mut target = diff_target(d, &facts)?;
+            target.not_read = reader.not_read();
             target.read = Some(ReadStamp {
                 digest: facts.digest(&probes)?,
                 probes,
@@ -174,82 +175,8 @@ pub fn apply(
             .hint("replacing destroys the container's own volumes (host bind mounts are kept); pass --allow-replace to go ahead")
             .into());
         }
-        let mut ops = Vec::new();
-        let mut steps = Vec::new();
-        let mut preflights = preflights_of(t);
-        let lines: Vec<&Change> = t
-            .changes
-            .iter()
-            .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-            .collect();
-        for c in &t.changes {
-            // A service's preflight runs before its unit is written, or before its deploy
-            // when the unit itself does not change: a refused argv changes nothing.
-            let key = match &c.spec {
-                ResourceSpec::File(f) => Some(f.path.clone()),
-                ResourceSpec::Service(svc) => Some(svc.unit_path.clone()),
-                _ => None,
-            };
-            if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
-                steps.push(step);
-            }
-            if let ResourceSpec::Container(spec) = &c.spec {
-                // Applied through the node's API, not by guest steps; started only after
-                // root-only lines, when there are any.
-                ops.push(Op::Api(ApiOp::Container {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                    action: c.action,
-                    allow_replace: options.allow_replace,
-                    start: lines.is_empty(),
-                }));
-                continue;
-            }
-            if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
-                // Root-only: over the node's SSH as root.
-                ops.push(Op::Node(NodeOp::Lines {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                }));
-                continue;
-            }
-            if let ResourceSpec::Template(spec) = &c.spec {
-                // Fetched by the node through its API, before any container needs it.
-                ops.push(Op::Api(ApiOp::Template {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                }));
-                continue;
-            }
-            match c.spec.resource().steps(c) {
-                Ok(s)
-                    if !options.install_driver
-                        && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
-                {
-                    unsupported.push(format!(
-                        "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
-                        c.address
-                    ));
-                }
-                Ok(s) => steps.extend(s.into_iter().map(|mut step| {
-                    if let Step::DeployService(d) = &mut step {
-                        d.rollback = options.rollback;
-                    }
-                    step
-                })),
-                Err(why) => unsupported.push(format!("{}: {why}", c.address)),
-            }
-        }
-        if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
-            // Root-only lines take effect at a start: create (stopped) -> lines -> start.
-            ops.push(Op::Api(ApiOp::Start {
-                vmid: *vmid,
-                reboot: true,
-            }));
-        }
         if !t.changes.is_empty() {
-            ops.extend(steps.into_iter().map(Op::Guest));
-            work.push((t, ops));
+            work.push((t, ops_of(t, &options, &mut unsupported)));
         }
     }
     if !unsupported.is_empty() {
@@ -281,12 +208,24 @@ pub fn apply(
         &|i| {
             let (t, ops) = &work[i];
             let writer = connect(t).map_err(EngineError::Open)?;
-            apply_target(t, ops, writer.as_ref(), &|results| {
+            let report = |results: &[OpOutcome]| {
                 let _held = printing.lock().unwrap_or_else(|p| p.into_inner());
                 for r in results {
                     on_step(&t.target, r);
                 }
-            })
+            };
+            if t.not_read.is_none() {
+                return apply_target(t, ops, writer.as_ref(), &report);
+            }
+            // Not read at plan time (its container was stopped; it runs now): read it,
+            // and carry out only what differs.
+            let now = read_again(t, writer.as_ref())?;
+            let mut unsupported = Vec::new();
+            let ops = ops_of(&now, &options, &mut unsupported);
+            if let Some(u) = unsupported.first() {
+                return Err(Diagnostic::new(format!("{}: {u}", t.target.heading())).into());
+            }
+            apply_target(&now, &ops, writer.as_ref(), &report)
         },
         &|r| r.is_err(),
     );
@@ -327,6 +266,31 @@ pub fn apply(
             .into());
     }
     Ok(outcomes)
+}
+
+/// `t` planned again from what `reader` reads now: its declared resources are the
+/// changes it was planned with against the empty world.
+fn read_again(t: &TargetPlan, reader: &dyn TargetReader) -> Result<TargetPlan, EngineError> {
+    let desired = DesiredTarget {
+        target: t.target.clone(),
+        resources: t
+            .changes
+            .iter()
+            .map(|c| Desired {
+                spec: c.spec.clone(),
+                role: c.role.clone(),
+            })
+            .collect(),
+    };
+    let probes = desired.probes();
+    let facts = reader.read(&probes)?;
+    let mut now = diff_target(&desired, &facts)?;
+    now.read = Some(ReadStamp {
+        digest: facts.digest(&probes)?,
+        probes,
+        verify_full: t.read.as_ref().is_some_and(|r| r.verify_full),
+    });
+    Ok(now)
 }
 
 /// A service that runs a fallback: target, unit, fallback name, notes.
@@ -474,6 +438,10 @@ fn refuse_stale(
             };
             // A guest planned as new on a container this plan creates or replaces: the
             // container's own read says whether that still holds; there is no guest yet.
+            // One not read (a stopped container) is read when apply has started it.
+            if t.not_read.is_some() {
+                return Ok(None);
+            }
             if super::fresh::starts_empty(&t.target, work.iter().map(|(p, _)| *p))
                 && super::fresh::read_empty(stamp)
             {
@@ -514,20 +482,6 @@ fn declared_at(op: &Op) -> Option<String> {
         Op::Guest(Step::DeployService(d)) => d.service.declared.at(""),
         _ => None,
     }
-}
-
-/// The preflight steps of the services this target plan (re)starts, by unit file.
-fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
-    t.changes
-        .iter()
-        .filter_map(|c| match &c.spec {
-            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
-                .preflight
-                .is_some()
-                .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Reads the changed resources again: an apply that did not converge is an error.

@@ -316,10 +316,16 @@ impl Resource for ServiceSpec {
             && !answer.listed
         {
             d = d.attr(Attribute::change(
-                "readiness",
+                READINESS,
                 Some(format!("not ready ({})", answer.describe())),
                 Some(format!("{} lists `{}`", r.url, r.served_model_name)),
             ));
+            if d.attributes.iter().all(|a| a.name == READINESS) {
+                d = d.reason(format!(
+                    "{} runs as declared: apply waits for it first (a load in progress is not thrown away) and restarts it only if it hangs, crashes or misses its deadline",
+                    self.unit
+                ));
+            }
         }
         if let Some(r) = &self.readiness
             && !d.attributes.is_empty()
@@ -362,15 +368,25 @@ impl Resource for ServiceSpec {
 
     fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
         // Only `enabled` differing needs no restart; anything else does (a start when
-        // stopped, a restart when a dependency or the loaded unit changed).
+        // stopped, a restart when a dependency or the loaded unit changed). A server that
+        // runs as declared and is only not ready yet is waited for first.
         let restart = change.attributes.iter().any(|a| a.name != "enabled");
+        let wait_first = restart
+            && change
+                .attributes
+                .iter()
+                .all(|a| a.name == "enabled" || a.name == READINESS);
         Ok(vec![Step::DeployService(Box::new(Deploy {
             service: self.clone(),
             restart,
+            wait_first,
             rollback: true,
         }))])
     }
 }
+
+/// The attribute a server that runs but does not answer its readiness URL differs in.
+const READINESS: &str = "readiness";
 
 /// A systemd unit's state (a subset of `systemctl show`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

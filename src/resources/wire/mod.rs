@@ -456,10 +456,11 @@ impl Step {
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
-                if d.restart && d.service.readiness.is_some() {
-                    " and wait until it is ready"
-                } else {
-                    ""
+                match (d.restart, d.wait_first, d.service.readiness.is_some()) {
+                    (true, true, true) =>
+                        " and wait until it is ready (restarted only if it does not get there)",
+                    (true, false, true) => " and wait until it is ready",
+                    _ => "",
                 }
             ),
         }
