@@ -116,6 +116,12 @@ pub trait TargetReader {
     /// Answers every probe in as few round trips as the transport allows; a probe without
     /// an answer is an error, never "absent".
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError>;
+    /// Why what [`TargetReader::read`] answers is not the target's real state (a stopped
+    /// container's guest cannot be reached), when it is not: such a target's plan is only
+    /// known once apply has started its container.
+    fn not_read(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Write access to one target: reads (to verify) and runs operations.
@@ -317,15 +323,26 @@ impl TargetWriter for ApiTarget {
 }
 
 /// The empty world: every probe answered as absent. The guest of a container that is not
-/// there yet is planned against it (everything to create), as `--offline` plans.
-pub struct EmptyWorld;
+/// there yet is planned against it (everything to create), as `--offline` plans; so is the
+/// guest of a stopped container, which cannot be reached (`not_read` says why).
+pub struct EmptyWorld {
+    /// Why the target was not read, when it exists but cannot be reached.
+    pub not_read: Option<String>,
+}
 
 impl TargetReader for EmptyWorld {
     fn describe(&self) -> String {
-        "a guest that does not exist yet".into()
+        match &self.not_read {
+            Some(why) => format!("a guest not read ({why})"),
+            None => "a guest that does not exist yet".into(),
+        }
     }
 
     fn read(&self, _: &[Probe]) -> Result<Facts, AccessError> {
         Ok(Facts::Empty)
+    }
+
+    fn not_read(&self) -> Option<String> {
+        self.not_read.clone()
     }
 }

@@ -206,6 +206,19 @@ impl fmt::Display for Diagnostic {
 
 impl std::error::Error for Diagnostic {}
 
+/// An error and its sources on one line, outermost first (`error: source: source …`): a
+/// library error's own message alone often says little ("error sending request"), and a
+/// cause line of a run over many targets must carry the whole chain.
+pub fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        text += &format!(": {e}");
+        next = e.source();
+    }
+    text
+}
+
 /// Several diagnostics reported together (validation reports every problem it finds).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
@@ -266,6 +279,17 @@ mod tests {
         assert_eq!(lines, ["a", "b", "c", "", "d"]);
         let loc = SourceLocation::new(Path::new("f"), "x: 1\ry: 2\r", 2, 1, 0);
         assert_eq!(loc.line_text, "y: 2");
+    }
+
+    #[test]
+    fn one_line_names_every_source_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        assert_eq!(
+            one_line(&Outer(std::io::Error::other("inner"))),
+            "outer: inner"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! for the step it runs ([`scoped`]); code deep below (a download, the health gate, apt)
 //! calls [`report`] without knowing who listens. Outside an agent nothing listens and a
 //! report costs a lock and nothing else. The agent wraps each one in the wire's
-//! `Event::Progress` (`resources/wire.rs`), so this type travels as part of that one event.
+//! `Event::Progress` (`resources/wire/envelope.rs`), so this type travels as part of that one event.
 
 use std::sync::Mutex;
 

@@ -208,7 +208,7 @@ fn a_failing_step_stops_the_run_and_says_why() {
         &|_, _| {},
     )
     .unwrap_err();
-    let text = provision::cli::render_error(&err, false);
+    let text = provision::cli::render_error(&provision::cli::from_engine(err), false);
     assert!(text.contains("failed on guest local"), "{text}");
     assert!(
         text.contains("no such user: no-such-user-for-provision"),
@@ -236,12 +236,12 @@ fn an_offline_plan_is_refused_before_any_connection() {
         &Limits::default(),
         &|_| {
             connected.store(true, std::sync::atomic::Ordering::SeqCst);
-            anyhow::bail!("must not connect")
+            Err("must not connect".into())
         },
         &|_, _| {},
     )
     .unwrap_err();
-    let text = provision::cli::render_error(&err, false);
+    let text = provision::cli::render_error(&provision::cli::from_engine(err), false);
     assert!(
         text.contains("made with --offline against an empty world; nothing was changed"),
         "{text}"

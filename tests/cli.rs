@@ -157,7 +157,7 @@ fn offline_plan_json_is_stable_and_complete() {
     let r = run(&["plan", "--offline", "--json", "inventory/llm-two.yaml"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(plan["format_version"], 1);
+    assert_eq!(plan["format_version"], 2);
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
@@ -348,6 +348,17 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     let r = run(&["apply", "--yes", path]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("a plan in format 99"), "{}", r.stderr);
+    // Format 1 kept no positions: refused, not applied without them.
+    std::fs::write(&file, text.replace("99", "1")).unwrap();
+    let r = run(&["apply", "--yes", path]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("is a plan in format 1; this provision reads format 2")
+            && r.stderr.contains("make the plan again with this provision"),
+        "{}",
+        r.stderr
+    );
     // --out needs a plan that read the targets.
     let r = run(&[
         "plan",
@@ -467,6 +478,29 @@ resources:
     );
 }
 
+/// The stderr of an offline plan of llm-two with `role` as its sglang role, which fails.
+fn refused_role(role: &str) -> String {
+    let dir = with_own_role(role, "");
+    let inventory = dir.path().join("inventory.yaml");
+    let r = run(&["plan", "--offline", inventory.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    r.stderr
+}
+
+/// Where a service is declared is provision's to record: a role cannot claim a position.
+#[test]
+fn a_role_cannot_set_where_a_service_is_declared() {
+    let err = refused_role(
+        "description: Own.\nresources:\n  - kind: service\n    unit: own.service\n    unit_path: /etc/systemd/system/own.service\n    declared: { file: inventory.yaml, service: \"1:1\" }\n",
+    );
+    assert!(
+        err.contains("roles/sglang.yaml:3:")
+            && err
+                .contains("field `declared`: where a service is declared is recorded by provision"),
+        "{err}"
+    );
+}
+
 /// `of:` must name a service of the container, and takes nothing the inventory says.
 #[test]
 fn a_users_role_naming_no_service_is_an_error_in_the_role() {
@@ -475,28 +509,18 @@ fn a_users_role_naming_no_service_is_an_error_in_the_role() {
             "description: Bad.\nrequires: [services]\nfor_each: service\nresources:\n  - kind: service\n    of: \"{{{{service.unit}}}}\"\n{extra}"
         )
     };
-    let dir = with_own_role(&entry(""), "");
-    let inventory = dir.path().join("inventory.yaml");
-    let r = run(&["plan", "--offline", inventory.to_str().unwrap()]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
+    let err = refused_role(&entry(""));
     assert!(
-        r.stderr.contains("roles/sglang.yaml:5:")
-            && r.stderr
-                .contains("`of: sglang-qwen.service` names no service of this container"),
-        "{}",
-        r.stderr
+        err.contains("roles/sglang.yaml:5:")
+            && err.contains("`of: sglang-qwen.service` names no service of this container"),
+        "{err}"
     );
-    let dir = with_own_role(
+    let err = refused_role(
         &entry("    exec_start: [/bin/true]\n").replace("service.unit", "service.name"),
-        "",
     );
-    let inventory = dir.path().join("inventory.yaml");
-    let r = run(&["plan", "--offline", inventory.to_str().unwrap()]);
-    assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(
-        r.stderr.contains("field `exec_start`") && r.stderr.contains("takes only `unit_template`"),
-        "{}",
-        r.stderr
+        err.contains("field `exec_start`") && err.contains("takes only `unit_template`"),
+        "{err}"
     );
 }
 

@@ -316,23 +316,7 @@ fn a_saved_plan_is_applied_exactly_and_refused_when_stale() {
     g.inventory("        roles: [app]\n");
     let plan_file = g.dir.path().join("app.plan.json");
     let plan_arg = plan_file.to_str().unwrap();
-    let known_hosts = g.dir.path().join("known_hosts");
-    let apply_saved = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-            .args(["apply", "--yes", "--known-hosts"])
-            .arg(&known_hosts)
-            .args(extra)
-            .arg(&plan_file)
-            .env("NO_COLOR", "1")
-            .env_remove("SSH_AUTH_SOCK")
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let apply_saved = |extra: &[&str]| g.apply_saved(&plan_file, extra);
 
     // Saved, then applied exactly: one JSON document says what was planned and done.
     g.expect(&["plan", "--out", plan_arg], 0);

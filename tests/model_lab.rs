@@ -9,27 +9,19 @@ mod guestlab;
 mod hub_support;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use fakehub::{Config, FakeHub};
 use guestlab::Guest;
-use provision_lab::testkit::ContainerSpec;
 
 /// A fake hub on the lab bridge's address, so containers reach it.
 fn bridge_hub(g: &Guest) -> FakeHub {
-    let cidr = g
-        .lab
-        .vars
-        .get("LAB_BRIDGE_CIDR")
-        .cloned()
-        .unwrap_or_else(|| "10.77.0.1/24".into());
-    let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
     let mut gated = hub_support::model("org/gated");
     gated.gated = true;
     FakeHub::start(Config {
-        listen: SocketAddr::new(ip, 0),
+        listen: SocketAddr::new(g.bridge_ip(), 0),
         repos: vec![hub_support::model("org/model"), gated],
         token: Some(hub_support::TOKEN.to_string()),
         page_size: 3,
@@ -62,15 +54,7 @@ fn inventory(g: &Guest, hub: &FakeHub, repo: &str, revision: &str, token: bool) 
 #[test]
 fn download_on_the_target_into_shared_verify_and_repair() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "model",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared("model", shared.path());
     let hub = bridge_hub(&g);
     let dest = shared.path().join("models/m");
 
@@ -121,20 +105,8 @@ fn download_on_the_target_into_shared_verify_and_repair() {
         0,
     );
     assert!(planned.contains("~ model /shared/models/m"), "{planned}");
-    let applied = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes", "--known-hosts"])
-        .arg(g.dir.path().join("known_hosts"))
-        .arg(&saved)
-        .env("NO_COLOR", "1")
-        .env_remove("SSH_AUTH_SOCK")
-        .output()
-        .unwrap();
-    assert_eq!(
-        applied.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    let (code, _, err) = g.apply_saved(&saved, &[]);
+    assert_eq!(code, Some(0), "{err}");
     hub_support::assert_identical(&hub_support::model("org/model"), &dest);
     g.expect(&["check", "--verify-full"], 0);
 }
@@ -228,15 +200,7 @@ fn read_only(g: &Guest, roots: &[&Path], args: &[&str], code: i32) -> String {
 #[test]
 fn check_and_verify_full_never_write_to_the_target() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "model-ro",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared("model-ro", shared.path());
     let hub = bridge_hub(&g);
     let dest = shared.path().join("models/m");
     inventory(&g, &hub, "org/model", "main", false);

@@ -77,6 +77,8 @@ struct Ct {
     token: bool,
     /// Pass a GPU through (the `gpu-passthrough` role).
     gpu: bool,
+    /// A create-only setting: changing it replaces the container.
+    unprivileged: bool,
 }
 
 impl Cli {
@@ -114,6 +116,7 @@ impl Cli {
             disk_gib: 2,
             token: false,
             gpu: true,
+            unprivileged: false,
         }
     }
 
@@ -181,7 +184,7 @@ nodes:
         memory: {memory}
         swap: 0
         rootfs: {{ storage: local, size: {disk}G }}
-        unprivileged: false
+        unprivileged: {unprivileged}
         network:
           - {{ bridge: {bridge}, ip: {ip}/24, gateway: {gw} }}
         restart: {restart}
@@ -199,6 +202,7 @@ nodes:
             ip = self.ip(ct),
             restart = ct.restart,
             disk = ct.disk_gib,
+            unprivileged = ct.unprivileged,
             auth = if ct.token {
                 "token: { env: PVE_TOKEN }"
             } else {
@@ -217,14 +221,15 @@ nodes:
         path
     }
 
-    /// `provision ARGS INVENTORY` with the lab's exports and this test's known_hosts.
-    fn run(&self, args: &[&str]) -> Output {
+    /// `provision ARGS FILE` (an inventory or a saved plan) with the lab's exports and this
+    /// test's known_hosts.
+    fn run_on(&self, args: &[&str], file: &Path) -> Output {
         let lab = &self.lab;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
         cmd.args(args)
             .arg("--known-hosts")
             .arg(self.dir.path().join("known_hosts"))
-            .arg(self.dir.path().join("inventory.yaml"))
+            .arg(file)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("HOME", self.dir.path())
@@ -243,7 +248,12 @@ nodes:
     }
 
     fn expect(&self, args: &[&str], code: i32) -> String {
-        let o = self.run(args);
+        self.expect_on(args, &self.dir.path().join("inventory.yaml"), code)
+    }
+
+    /// `provision ARGS FILE` must exit with `code`; its stdout and stderr.
+    fn expect_on(&self, args: &[&str], file: &Path, code: i32) -> String {
+        let o = self.run_on(args, file);
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -611,4 +621,62 @@ fn a_bind_mount_with_a_token_and_no_node_ssh_is_refused_at_plan_time() {
     );
     assert!(out.contains("ssh:"), "hints at node SSH: {out}");
     assert!(!cli.conf(9265).exists(), "nothing was created");
+}
+
+#[test]
+fn a_saved_plan_builds_from_nothing_and_a_replace_builds_the_guest_again() {
+    let lab = lab();
+    let _guard = cleanup(&lab, 9266);
+    let cli = Cli::new(lab);
+    let mut ct = cli.ct("pxc-saved", 9266, 246);
+    ct.gpu = false;
+    cli.write(&ct, true);
+
+    // Reviewed first, then applied exactly: the container does not exist when the plan is
+    // made, so its guest is planned as new and is not read again before the create.
+    let first = cli.dir.path().join("first.plan");
+    let plan = cli.expect(&["plan", "--out", first.to_str().unwrap()], 0);
+    assert!(plan.contains("+ file /etc/app.conf"), "{plan}");
+    cli.expect_on(&["apply", "--yes"], &first, 0);
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    cli.expect(&["plan", "--detailed-exitcode"], 0);
+
+    // A create-only setting changes: the new container's guest is built whole again (its
+    // file unchanged in the inventory is still written), from a saved plan too.
+    ct.unprivileged = true;
+    cli.write(&ct, true);
+    let replace = cli.dir.path().join("replace.plan");
+    let plan = cli.expect(&["plan", "--out", replace.to_str().unwrap()], 0);
+    assert!(plan.contains("its guest is planned as new"), "{plan}");
+    assert!(plan.contains("+ file /etc/app.conf"), "{plan}");
+    let out = cli.expect_on(&["apply", "--yes"], &replace, 1);
+    assert!(out.contains("--allow-replace"), "{out}");
+    cli.expect_on(&["apply", "--yes", "--allow-replace"], &replace, 0);
+    assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
+    let conf = std::fs::read_to_string(cli.conf(9266)).unwrap();
+    assert!(conf.contains("unprivileged: 1"), "{conf}");
+    cli.expect(&["check"], 0);
+
+    // Stopped behind provision's back: its guest cannot be read. check names the stop and
+    // does not call the guest's resources missing; apply starts it, reads the guest and
+    // rewrites nothing that is already there (from a saved plan too).
+    let stamp = cli.guest(&ct, "stat -c %Y.%i /etc/app.conf");
+    let api = cli.lab.root_api().unwrap();
+    let node = cli.lab.node().to_string();
+    let upid = api
+        .call("POST", &format!("/nodes/{node}/lxc/9266/status/stop"), &[])
+        .unwrap();
+    api.wait_task(&node, upid.as_str().unwrap(), Duration::from_secs(60))
+        .unwrap();
+    let stopped = cli.dir.path().join("stopped.plan");
+    let drift = cli.expect(&["check"], 2);
+    assert!(changed(&drift, "status", "stopped -> running"), "{drift}");
+    assert!(drift.contains("not read: CT 9266 is stopped"), "{drift}");
+    assert!(!drift.contains("+ file /etc/app.conf"), "{drift}");
+    assert!(drift.contains("0 to add, 1 to change"), "{drift}");
+    cli.expect(&["plan", "--out", stopped.to_str().unwrap()], 0);
+    let out = cli.expect_on(&["apply", "--yes"], &stopped, 0);
+    assert!(!out.contains("write /etc/app.conf"), "{out}");
+    assert_eq!(cli.guest(&ct, "stat -c %Y.%i /etc/app.conf"), stamp);
+    cli.expect(&["check"], 0);
 }

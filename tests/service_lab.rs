@@ -18,7 +18,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use guestlab::{Guest, build_backends, git_repo, host};
-use provision_lab::testkit::ContainerSpec;
 
 /// The message SGLang 0.5.10 gives for the seeds' first unit (no space after `no_buffer.`).
 const SEED_ERROR: &str = "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.";
@@ -47,15 +46,7 @@ fn lab(name: &str) -> Lab {
         r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
     )
     .unwrap();
-    let g = Guest::with(
-        name,
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared(name, shared.path());
     let tree = tempfile::tempdir().unwrap();
     let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
     host(&format!(
@@ -103,7 +94,34 @@ fn line_of(path: &Path, key: &str) -> usize {
         + 1
 }
 
+/// `file:line:col` of the value of `key` in the inventory `path`, as apply names it.
+fn value_at(path: &Path, key: &str) -> String {
+    let line = line_of(path, key);
+    let text = std::fs::read_to_string(path).unwrap();
+    let column = text.lines().nth(line - 1).unwrap().find(key).unwrap() + key.len() + 2;
+    format!("{}:{line}:{column}", path.display())
+}
+
+/// The line of `stderr` that says where the failed service is declared.
+fn declared_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.contains("the service is declared at "))
+        .unwrap_or_else(|| panic!("no position in:\n{stderr}"))
+        .trim()
+}
+
 impl Lab {
+    /// Saves a plan of the current inventory and applies it, expecting exit 1: its stderr.
+    fn apply_saved_failing(&self, name: &str) -> String {
+        let saved = self.g.dir.path().join(name);
+        self.g
+            .expect(&["plan", "--out", saved.to_str().unwrap()], 0);
+        let (code, out, err) = self.g.apply_saved(&saved, &[]);
+        assert_eq!(code, Some(1), "{out}\n{err}");
+        err
+    }
+
     /// Writes the inventory: llm-two's service, with `flags` deciding whether the two
     /// settings the seeds' first unit lacked are there, and `env` more environment (the
     /// stand-in's knobs).
@@ -248,14 +266,19 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
     assert!(err.contains(SEED_ERROR), "{err}");
     // Found after rendering, on the target, and still pointing at the inventory's line.
     let inventory = l.g.dir.path().join("inventory.yaml");
-    let served = line_of(&inventory, "served_model_name:");
-    assert!(
-        err.contains(&format!(
-            "the service is declared at {}:{served}:",
-            inventory.display()
-        )),
-        "{err}"
+    let served = value_at(&inventory, "served_model_name:");
+    assert_eq!(
+        declared_line(&err),
+        format!("the service is declared at {served}")
     );
+    // The same plan saved and applied later: refused alike, naming the same place.
+    let saved = l.apply_saved_failing("refused.plan.json");
+    assert!(
+        saved.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
+        "{saved}"
+    );
+    assert!(saved.contains(SEED_ERROR), "{saved}");
+    assert_eq!(declared_line(&saved), declared_line(&err));
     assert_eq!(l.unit(), unit, "the unit was written despite the preflight");
     assert_eq!(
         l.main_pid(),
@@ -355,6 +378,23 @@ fn hang_and_crash_loop_are_told_apart_and_rolled_back() {
     );
     assert_eq!(l.unit(), good);
     assert!(l.serving());
+    let inventory = l.g.dir.path().join("inventory.yaml");
+    assert_eq!(
+        declared_line(&err),
+        format!(
+            "the service is declared at {}",
+            value_at(&inventory, "served_model_name:")
+        )
+    );
+    // The same deploy from a saved plan fails alike and names the same place.
+    let saved = l.apply_saved_failing("crash.plan.json");
+    assert!(
+        saved.contains("crash loop") && saved.contains("rolled back"),
+        "{saved}"
+    );
+    assert_eq!(declared_line(&saved), declared_line(&err));
+    assert_eq!(l.unit(), good);
+    assert!(l.serving());
 
     // --no-rollback leaves the failure in place for debugging.
     let (_, err) = l.g.expect(&["apply", "--yes", "--no-rollback"], 1);
@@ -438,6 +478,26 @@ fn a_slow_load_that_keeps_talking_is_waited_for() {
         journal.contains("Loading safetensors checkpoint shards: 100% Completed"),
         "the stand-in printed no tqdm bar: {journal}"
     );
+
+    // A load in progress that provision did not start (the node rebooted and systemd
+    // started the unit): not ready yet, so `check` calls it drift, but apply waits for
+    // the running server instead of restarting it and throwing the load away.
+    l.g.sh("systemctl restart sglang-qwen.service");
+    let pid = l.main_pid();
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(
+        drift.contains("not ready") && drift.contains("apply waits for it first"),
+        "{drift}"
+    );
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert_eq!(
+        l.main_pid(),
+        pid,
+        "apply restarted a loading server:\n{err}"
+    );
+    assert!(err.contains("(not restarted)"), "{err}");
+    assert!(l.serving());
+    l.g.expect(&["check"], 0);
 
     // The seeds' hang, silent at distributed init: still called within the stall timeout
     // plus one poll (5 s + 0.5 s: the verdict says 5 s without progress, not 6).

@@ -10,13 +10,12 @@
 mod guestlab;
 
 use std::io::Read;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fakehub::{Config, FakeHub, Fault, FaultKind, RepoSpec};
 use guestlab::Guest;
-use provision_lab::testkit::ContainerSpec;
 
 const SHARD: u64 = 1 << 30;
 
@@ -45,14 +44,33 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The lab bridge's address on the host: where the fake hub listens.
-fn bridge_ip(g: &Guest) -> IpAddr {
-    g.lab.vars["LAB_BRIDGE_CIDR"]
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+/// A fake hub on the lab bridge serving `repos`, every file at most `bytes_per_sec` when
+/// given (slow enough that what a test looks at is surely still running, with no race on
+/// its pace).
+fn hub(g: &Guest, repos: Vec<RepoSpec>, bytes_per_sec: Option<u64>) -> FakeHub {
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(g.bridge_ip(), 0),
+        repos,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    if let Some(bytes_per_sec) = bytes_per_sec {
+        hub.add_fault(Fault::new("", FaultKind::Slow { bytes_per_sec }, None));
+    }
+    hub
+}
+
+/// The inventory: the model-store role with each named repo of `hub` (`org/<name>`) at
+/// `/shared/models/<name>`.
+fn models(g: &Guest, hub: &FakeHub, names: &[&str]) {
+    let mut text = "        mounts: [{ host: /unused, path: /shared }]\n        roles: [model-store]\n        models:\n".to_string();
+    for n in names {
+        text += &format!(
+            "          {n}: {{ repo: org/{n}, revision: main, path: /shared/models/{n}, endpoint: {} }}\n",
+            hub.endpoint()
+        );
+    }
+    g.inventory(&text);
 }
 
 /// `provision apply --yes [--json]` in the background, stderr into a file.
@@ -75,45 +93,12 @@ fn spawn_apply(g: &Guest, stderr: &std::path::Path, json: bool) -> Child {
 #[test]
 fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "stream",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
-    let ip = bridge_ip(&g);
+    let g = Guest::with_shared("stream", shared.path());
     let repo = RepoSpec::synthetic("org/big", 2, SHARD);
     let size: u64 = repo.files.iter().map(|f| f.size).sum();
-    let hub = FakeHub::start(Config {
-        listen: SocketAddr::new(ip, 0),
-        repos: vec![repo],
-        ..Config::default()
-    })
-    .expect("the fake hub listens on the lab bridge");
-    // Slow enough that the download is surely still running while the test looks at it
-    // (two shards at 20 MiB/s each: more than 50 s), without any race on its pace.
-    hub.add_fault(Fault::new(
-        "",
-        FaultKind::Slow {
-            bytes_per_sec: 20 << 20,
-        },
-        None,
-    ));
-    g.inventory(&format!(
-        "        mounts: [{{ host: /unused, path: /shared }}]
-        roles: [model-store]
-        models:
-          m:
-            repo: org/big
-            revision: main
-            path: /shared/models/big
-            endpoint: {}
-",
-        hub.endpoint()
-    ));
+    // Two shards at 20 MiB/s each: more than 50 s.
+    let hub = hub(&g, vec![repo], Some(20 << 20));
+    models(&g, &hub, &["big"]);
 
     let log = g.dir.path().join("apply.stderr");
     let mut first = spawn_apply(&g, &log, true);
@@ -234,42 +219,17 @@ fn a_download_streams_holds_the_lock_and_survives_a_dropped_connection() {
 #[test]
 fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "ctrlc",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
-    let ip = bridge_ip(&g);
-    let hub = FakeHub::start(Config {
-        listen: SocketAddr::new(ip, 0),
-        repos: vec![
+    let g = Guest::with_shared("ctrlc", shared.path());
+    // At 2 MiB/s a model takes more than 30 s: the interrupt surely lands inside the first.
+    let hub = hub(
+        &g,
+        vec![
             RepoSpec::synthetic("org/a", 1, 128 << 20),
             RepoSpec::synthetic("org/b", 1, 128 << 20),
         ],
-        ..Config::default()
-    })
-    .expect("the fake hub listens on the lab bridge");
-    // At 2 MiB/s a model takes more than 30 s: the interrupt surely lands inside the first.
-    hub.add_fault(Fault::new(
-        "",
-        FaultKind::Slow {
-            bytes_per_sec: 2 << 20,
-        },
-        None,
-    ));
-    g.inventory(&format!(
-        "        mounts: [{{ host: /unused, path: /shared }}]
-        roles: [model-store]
-        models:
-          a: {{ repo: org/a, revision: main, path: /shared/models/a, endpoint: {e} }}
-          b: {{ repo: org/b, revision: main, path: /shared/models/b, endpoint: {e} }}
-",
-        e = hub.endpoint()
-    ));
+        Some(2 << 20),
+    );
+    models(&g, &hub, &["a", "b"]);
     let log = g.dir.path().join("apply.stderr");
     // Not a terminal, no --json: one plain line per event, as a CI log shows it.
     let mut apply = spawn_apply(&g, &log, false);
@@ -350,34 +310,13 @@ fn ctrl_c_finishes_the_current_step_and_starts_no_other() {
 #[test]
 fn a_stalled_download_is_stopped_and_the_next_apply_resumes_it() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "stall",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
-    let ip = bridge_ip(&g);
+    let g = Guest::with_shared("stall", shared.path());
     const SIZE: u64 = 64 << 20;
     const SENT: u64 = 16 << 20;
-    let hub = FakeHub::start(Config {
-        listen: SocketAddr::new(ip, 0),
-        repos: vec![RepoSpec::synthetic("org/s", 1, SIZE)],
-        ..Config::default()
-    })
-    .expect("the fake hub listens on the lab bridge");
+    let hub = hub(&g, vec![RepoSpec::synthetic("org/s", 1, SIZE)], None);
     let shard = "model-00001-of-00001.safetensors";
     hub.add_fault(Fault::new(shard, FaultKind::Stall { after: SENT }, Some(1)));
-    g.inventory(&format!(
-        "        mounts: [{{ host: /unused, path: /shared }}]
-        roles: [model-store]
-        models:
-          s: {{ repo: org/s, revision: main, path: /shared/models/s, endpoint: {} }}
-",
-        hub.endpoint()
-    ));
+    models(&g, &hub, &["s"]);
     let out = g.provision_env(
         &["apply", "--yes"],
         &[("PROVISION_DOWNLOAD_STALL_SECS", "20")],
@@ -407,40 +346,13 @@ fn a_stalled_download_is_stopped_and_the_next_apply_resumes_it() {
 #[test]
 fn a_killed_apply_is_waited_for_and_not_started_twice() {
     let shared = tempfile::tempdir().unwrap();
-    let g = Guest::with(
-        "kill9",
-        ContainerSpec {
-            privileged: true,
-            memory_mb: 1024,
-            mounts: vec![(shared.path().to_path_buf(), "/shared".into())],
-            ..Default::default()
-        },
-    );
+    let g = Guest::with_shared("kill9", shared.path());
     const SHARD: u64 = 256 << 20;
     let repo = RepoSpec::synthetic("org/k", 1, SHARD);
     let size: u64 = repo.files.iter().map(|f| f.size).sum();
-    let hub = FakeHub::start(Config {
-        listen: SocketAddr::new(bridge_ip(&g), 0),
-        repos: vec![repo],
-        ..Config::default()
-    })
-    .expect("the fake hub listens on the lab bridge");
     // Slow (some seconds per shard): the kill surely lands inside the download.
-    hub.add_fault(Fault::new(
-        "",
-        FaultKind::Slow {
-            bytes_per_sec: 4 << 20,
-        },
-        None,
-    ));
-    g.inventory(&format!(
-        "        mounts: [{{ host: /unused, path: /shared }}]
-        roles: [model-store]
-        models:
-          k: {{ repo: org/k, revision: main, path: /shared/models/k, endpoint: {} }}
-",
-        hub.endpoint()
-    ));
+    let hub = hub(&g, vec![repo], Some(4 << 20));
+    models(&g, &hub, &["k"]);
     let log = g.dir.path().join("apply.stderr");
     let mut first = spawn_apply(&g, &log, false);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();

@@ -10,7 +10,7 @@
 //! (see [`super::cache`]).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,11 +135,19 @@ impl std::fmt::Debug for AgentBinary {
     }
 }
 
+/// The running executable's own inode, whatever became of its path.
+const SELF_EXE: &str = "/proc/self/exe";
+
 impl AgentBinary {
     /// The running executable, or `PROVISION_AGENT_BINARY` when set.
     pub fn current() -> std::io::Result<Self> {
         let path = match std::env::var_os("PROVISION_AGENT_BINARY") {
             Some(p) => PathBuf::from(p),
+            // The running binary itself: `/proc/self/exe` opens the inode this process
+            // runs even when its file was replaced (an upgrade during an hours-long
+            // apply) or deleted, where the path `current_exe` names would give the new
+            // version, or nothing, to push as this version's agent.
+            None if Path::new(SELF_EXE).exists() => PathBuf::from(SELF_EXE),
             None => std::env::current_exe()?,
         };
         Self::from_path(path)

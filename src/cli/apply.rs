@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::plan::{print_plan, read_plan};
 use super::targets::{Connections, TargetArgs};
-use super::{ExitStatus, prepare};
+use super::{ExitStatus, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
 use crate::engine::online;
@@ -146,7 +146,11 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             saved,
         },
         &args.targets.limits(),
-        &|target| conns.writer(target, Some(display.observer(target.target.heading()))),
+        &|target| {
+            conns
+                .writer(target, Some(display.observer(target.target.heading())))
+                .map_err(opening)
+        },
         &|target, step| {
             let heading = target.heading();
             // Agent steps were shown as they ended; the API's are shown here.
@@ -191,7 +195,7 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         },
     );
     display.finish();
-    let outcomes = applied?;
+    let outcomes = applied.map_err(from_engine)?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {
         print_report(&plan, true, &outcomes, printer)?;

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::plan::{print_read, read_targets};
 use super::targets::TargetArgs;
-use super::{ExitStatus, prepare};
+use super::{ExitStatus, from_engine, prepare};
 use crate::printer::Printer;
 
 /// Arguments of `provision check`.
@@ -34,7 +34,7 @@ pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).
     print_read(&read, args.json, printer)?;
-    let plan = read.whole()?;
+    let plan = read.whole().map_err(from_engine)?;
     Ok(if plan.summary.has_changes() {
         ExitStatus::Changes
     } else {

@@ -62,15 +62,25 @@ pub fn plan_read(
             } else {
                 "is stopped"
             };
-            printer.warn(&format!(
-                "guest.{name}: CT {vmid} {why}; its guest is planned as new (apply starts it{}, then converges it over SSH)",
-                if node.ssh.host.is_some() {
-                    ", bootstraps it through the node"
-                } else {
-                    ""
-                }
-            ));
-            Ok(GuestRead::Empty(Box::new(EmptyWorld)))
+            let then = if node.ssh.host.is_some() {
+                ", bootstraps it through the node"
+            } else {
+                ""
+            };
+            if state == Some(None) {
+                printer.warn(&format!(
+                    "guest.{name}: CT {vmid} {why}; its guest is planned as new (apply creates and starts it{then}, then converges it over SSH)"
+                ));
+                return Ok(GuestRead::Empty(Box::new(EmptyWorld { not_read: None })));
+            }
+            // A stopped container's guest is there but cannot be reached: not planned
+            // as if empty (that would list everything as missing), but known only once
+            // apply has started it.
+            Ok(GuestRead::Empty(Box::new(EmptyWorld {
+                not_read: Some(format!(
+                    "CT {vmid} {why}: apply starts it{then}, then reads the guest and changes only what differs"
+                )),
+            })))
         }
         _ => match guest_transport(loaded, name, args) {
             Ok(t) => Ok(GuestRead::Ssh(t)),

@@ -24,6 +24,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
 use crate::engine::desired::{Library, desired_state};
+use crate::engine::error::{EngineError, OpenError};
 use crate::inventory::{Loaded, load, validate::validate};
 use crate::printer::{ColorChoice, Printer, Verbosity};
 
@@ -177,6 +178,41 @@ pub fn render_error(err: &anyhow::Error, color: bool) -> String {
         }
     }
     d.render(color)
+}
+
+/// The CLI's own error while opening a target (its SSH settings, its node's login),
+/// carried through the engine and back unchanged.
+#[derive(Debug)]
+struct Opening(anyhow::Error);
+
+impl std::fmt::Display for Opening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The whole chain: the engine shows it as one cause line of a run over many targets.
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for Opening {}
+
+/// Hands an error from opening a target to the engine.
+pub fn opening(e: anyhow::Error) -> OpenError {
+    Box::new(Opening(e))
+}
+
+/// The engine's error as the error the CLI reports: the diagnostic, the target's typed
+/// error or the CLI's own opening error itself, so that rendering and matching on the
+/// chain (a wait for a left-over run) see what they would have without the engine between.
+pub fn from_engine(e: EngineError) -> anyhow::Error {
+    match e {
+        EngineError::Open(b) => match b.downcast::<Opening>() {
+            Ok(o) => o.0,
+            Err(b) => anyhow::Error::from_boxed(b),
+        },
+        EngineError::Access(e) => e.into(),
+        EngineError::NotRead(e) => e.into(),
+        EngineError::Refused(d) => (*d).into(),
+        e @ EngineError::NotReached(_) => e.into(),
+    }
 }
 
 /// An inventory loaded, validated and expanded into desired resources.

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::targets::{Connections, TargetArgs, select};
-use super::{ExitStatus, Prepared, prepare};
+use super::{ExitStatus, Prepared, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
 use crate::engine::online;
@@ -55,7 +55,7 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     // The targets that were read are shown even when others could not be; a plan that
     // misses some is an error and is not saved.
     print_read(&read, args.json, printer)?;
-    let plan = read.whole()?;
+    let plan = read.whole().map_err(from_engine)?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
         printer.status(&format!(
@@ -78,7 +78,9 @@ pub fn read_plan(
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Plan> {
-    read_targets(inventory, prepared, targets, printer)?.whole()
+    read_targets(inventory, prepared, targets, printer)?
+        .whole()
+        .map_err(from_engine)
 }
 
 /// Reads the selected targets, concurrently as `--parallelism` allows, and plans against
@@ -108,7 +110,7 @@ pub fn read_targets(
         &targets.limits(),
         &|d| {
             printer.status(&format!("reading {}", d.target.heading()));
-            conns.reader(d)
+            conns.reader(d).map_err(opening)
         },
     );
     let mut read = read;

@@ -2,8 +2,11 @@
 //! batched per target ([`facts`]), and the diff that makes the [`Plan`].
 
 pub mod desired;
+pub mod error;
+pub mod fresh;
 pub mod host;
 pub mod online;
+pub mod ops;
 pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
@@ -105,6 +108,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         unchanged,
         read: None,
         warnings,
+        not_read: None,
     })
 }
 

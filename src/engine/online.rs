@@ -2,35 +2,36 @@
 //! [`TargetReader`]s, which have no way to change a target; only [`apply`] is handed
 //! [`TargetWriter`]s, so `check` and `plan` cannot reach a write path by construction.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::error::{EngineError, OpenError};
+use super::ops::ops_of;
 use super::schedule::{self, Follow, Limits, Outcome, Skipped};
 use super::{Desired, DesiredTarget, diff_target};
-use crate::access::{ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
+use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::diagnostic::Diagnostic;
-use crate::plan::{Action, Change, Plan, PlanMode, ReadStamp, Target, TargetPlan};
+use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
 
 /// Opens read access to one target (called from several threads at once).
-pub type Read<'a> = dyn Fn(&DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> + Sync + 'a;
+pub type Read<'a> = dyn Fn(&DesiredTarget) -> Result<Box<dyn TargetReader>, OpenError> + Sync + 'a;
 /// Opens write access to one target (called from several threads at once).
-pub type Connect<'a> = dyn Fn(&TargetPlan) -> anyhow::Result<Box<dyn TargetWriter>> + Sync + 'a;
+pub type Connect<'a> = dyn Fn(&TargetPlan) -> Result<Box<dyn TargetWriter>, OpenError> + Sync + 'a;
 
 /// A plan of the targets that could be read, and why the others could not.
 pub struct PartialPlan {
     /// The plan of every target read.
     pub plan: Plan,
     /// The targets not read, in inventory order, each with its error.
-    pub failures: Vec<(Target, anyhow::Error)>,
+    pub failures: Vec<(Target, EngineError)>,
 }
 
 impl PartialPlan {
     /// The plan, or one error naming every target that could not be read.
-    pub fn whole(self) -> anyhow::Result<Plan> {
+    pub fn whole(self) -> Result<Plan, EngineError> {
         if self.failures.is_empty() {
             return Ok(self.plan);
         }
@@ -56,12 +57,13 @@ pub fn plan(
         &schedule::jobs(&targets),
         limits,
         Follow::Always,
-        &|i| -> anyhow::Result<TargetPlan> {
+        &|i| -> Result<TargetPlan, EngineError> {
             let d = &desired[i];
-            let reader = read(d)?;
+            let reader = read(d).map_err(EngineError::Open)?;
             let probes = d.probes();
             let facts = reader.read(&probes)?;
             let mut target = diff_target(d, &facts)?;
+            target.not_read = reader.not_read();
             target.read = Some(ReadStamp {
                 digest: facts.digest(&probes)?,
                 probes,
@@ -79,11 +81,12 @@ pub fn plan(
             Outcome::Ran(Err(e)) => failures.push((d.target.clone(), e)),
             Outcome::Skipped(why) => failures.push((
                 d.target.clone(),
-                anyhow::anyhow!("not read ({})", skip_reason(why, &targets)),
+                EngineError::NotReached(skip_reason(why, &targets)),
             )),
         }
     }
     super::host::note_rebuilds(desired, &mut planned);
+    super::fresh::replan_replaced_guests(desired, &mut planned);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
@@ -138,7 +141,7 @@ pub fn apply(
     limits: &Limits,
     connect: &Connect,
     on_step: &(dyn Fn(&Target, &OpOutcome) + Sync),
-) -> anyhow::Result<Vec<TargetOutcome>> {
+) -> Result<Vec<TargetOutcome>, EngineError> {
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
@@ -172,82 +175,8 @@ pub fn apply(
             .hint("replacing destroys the container's own volumes (host bind mounts are kept); pass --allow-replace to go ahead")
             .into());
         }
-        let mut ops = Vec::new();
-        let mut steps = Vec::new();
-        let mut preflights = preflights_of(t);
-        let lines: Vec<&Change> = t
-            .changes
-            .iter()
-            .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-            .collect();
-        for c in &t.changes {
-            // A service's preflight runs before its unit is written, or before its deploy
-            // when the unit itself does not change: a refused argv changes nothing.
-            let key = match &c.spec {
-                ResourceSpec::File(f) => Some(f.path.clone()),
-                ResourceSpec::Service(svc) => Some(svc.unit_path.clone()),
-                _ => None,
-            };
-            if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
-                steps.push(step);
-            }
-            if let ResourceSpec::Container(spec) = &c.spec {
-                // Applied through the node's API, not by guest steps; started only after
-                // root-only lines, when there are any.
-                ops.push(Op::Api(ApiOp::Container {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                    action: c.action,
-                    allow_replace: options.allow_replace,
-                    start: lines.is_empty(),
-                }));
-                continue;
-            }
-            if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
-                // Root-only: over the node's SSH as root.
-                ops.push(Op::Node(NodeOp::Lines {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                }));
-                continue;
-            }
-            if let ResourceSpec::Template(spec) = &c.spec {
-                // Fetched by the node through its API, before any container needs it.
-                ops.push(Op::Api(ApiOp::Template {
-                    address: c.address.clone(),
-                    spec: spec.clone(),
-                }));
-                continue;
-            }
-            match c.spec.resource().steps(c) {
-                Ok(s)
-                    if !options.install_driver
-                        && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
-                {
-                    unsupported.push(format!(
-                        "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
-                        c.address
-                    ));
-                }
-                Ok(s) => steps.extend(s.into_iter().map(|mut step| {
-                    if let Step::DeployService(d) = &mut step {
-                        d.rollback = options.rollback;
-                    }
-                    step
-                })),
-                Err(why) => unsupported.push(format!("{}: {why}", c.address)),
-            }
-        }
-        if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
-            // Root-only lines take effect at a start: create (stopped) -> lines -> start.
-            ops.push(Op::Api(ApiOp::Start {
-                vmid: *vmid,
-                reboot: true,
-            }));
-        }
         if !t.changes.is_empty() {
-            ops.extend(steps.into_iter().map(Op::Guest));
-            work.push((t, ops));
+            work.push((t, ops_of(t, &options, &mut unsupported)));
         }
     }
     if !unsupported.is_empty() {
@@ -278,19 +207,31 @@ pub fn apply(
         Follow::OnSuccess,
         &|i| {
             let (t, ops) = &work[i];
-            let writer = connect(t)?;
-            apply_target(t, ops, writer.as_ref(), &|results| {
+            let writer = connect(t).map_err(EngineError::Open)?;
+            let report = |results: &[OpOutcome]| {
                 let _held = printing.lock().unwrap_or_else(|p| p.into_inner());
                 for r in results {
                     on_step(&t.target, r);
                 }
-            })
+            };
+            if t.not_read.is_none() {
+                return apply_target(t, ops, writer.as_ref(), &report);
+            }
+            // Not read at plan time (its container was stopped; it runs now): read it,
+            // and carry out only what differs.
+            let now = read_again(t, writer.as_ref())?;
+            let mut unsupported = Vec::new();
+            let ops = ops_of(&now, &options, &mut unsupported);
+            if let Some(u) = unsupported.first() {
+                return Err(Diagnostic::new(format!("{}: {u}", t.target.heading())).into());
+            }
+            apply_target(&now, &ops, writer.as_ref(), &report)
         },
         &|r| r.is_err(),
     );
     let mut outcomes = Vec::new();
     let mut degraded: Vec<Degraded> = Vec::new();
-    let mut failures: Vec<(Target, anyhow::Error)> = Vec::new();
+    let mut failures: Vec<(Target, EngineError)> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     for (result, (t, _)) in results.into_iter().zip(&work) {
         match result {
@@ -327,6 +268,31 @@ pub fn apply(
     Ok(outcomes)
 }
 
+/// `t` planned again from what `reader` reads now: its declared resources are the
+/// changes it was planned with against the empty world.
+fn read_again(t: &TargetPlan, reader: &dyn TargetReader) -> Result<TargetPlan, EngineError> {
+    let desired = DesiredTarget {
+        target: t.target.clone(),
+        resources: t
+            .changes
+            .iter()
+            .map(|c| Desired {
+                spec: c.spec.clone(),
+                role: c.role.clone(),
+            })
+            .collect(),
+    };
+    let probes = desired.probes();
+    let facts = reader.read(&probes)?;
+    let mut now = diff_target(&desired, &facts)?;
+    now.read = Some(ReadStamp {
+        digest: facts.digest(&probes)?,
+        probes,
+        verify_full: t.read.as_ref().is_some_and(|r| r.verify_full),
+    });
+    Ok(now)
+}
+
 /// A service that runs a fallback: target, unit, fallback name, notes.
 type Degraded = (String, String, String, Vec<String>);
 
@@ -337,7 +303,7 @@ fn apply_target(
     steps: &[Op],
     writer: &dyn TargetWriter,
     report: &dyn Fn(&[OpOutcome]),
-) -> anyhow::Result<(TargetOutcome, Vec<Degraded>)> {
+) -> Result<(TargetOutcome, Vec<Degraded>), EngineError> {
     let started = Instant::now();
     let results = writer.run(steps)?;
     report(&results);
@@ -421,10 +387,10 @@ fn skip_reason(why: Skipped, targets: &[&Target]) -> String {
 /// there is, else every target's error (and those not reached) in one diagnostic.
 fn many_failed(
     what: &str,
-    mut failures: Vec<(Target, anyhow::Error)>,
+    mut failures: Vec<(Target, EngineError)>,
     skipped: Vec<String>,
     total: usize,
-) -> anyhow::Error {
+) -> EngineError {
     if failures.len() == 1 && skipped.is_empty() && total == 1 {
         return failures.remove(0).1;
     }
@@ -433,7 +399,11 @@ fn many_failed(
         failures.len()
     ));
     for (target, e) in &failures {
-        d = d.cause(format!("{}: {e:#}", target.heading()));
+        d = d.cause(format!(
+            "{}: {}",
+            target.heading(),
+            crate::diagnostic::one_line(e)
+        ));
     }
     for s in skipped {
         d = d.cause(s);
@@ -449,7 +419,7 @@ fn refuse_stale(
     work: &[(&TargetPlan, Vec<Op>)],
     limits: &Limits,
     connect: &Connect,
-) -> anyhow::Result<()> {
+) -> Result<(), EngineError> {
     let targets: Vec<&Target> = work.iter().map(|(t, _)| &t.target).collect();
     let reads = schedule::run(
         &schedule::jobs(&targets),
@@ -458,7 +428,7 @@ fn refuse_stale(
             ..*limits
         },
         Follow::Always,
-        &|i| -> anyhow::Result<Option<String>> {
+        &|i| -> Result<Option<String>, EngineError> {
             let t = work[i].0;
             let Some(stamp) = &t.read else {
                 return Ok(Some(format!(
@@ -466,7 +436,21 @@ fn refuse_stale(
                     t.target.heading()
                 )));
             };
-            let now = connect(t)?.read(&stamp.probes)?.digest(&stamp.probes)?;
+            // A guest planned as new on a container this plan creates or replaces: the
+            // container's own read says whether that still holds; there is no guest yet.
+            // One not read (a stopped container) is read when apply has started it.
+            if t.not_read.is_some() {
+                return Ok(None);
+            }
+            if super::fresh::starts_empty(&t.target, work.iter().map(|(p, _)| *p))
+                && super::fresh::read_empty(stamp)
+            {
+                return Ok(None);
+            }
+            let now = connect(t)
+                .map_err(EngineError::Open)?
+                .read(&stamp.probes)?
+                .digest(&stamp.probes)?;
             Ok((now != stamp.digest)
                 .then(|| format!("{} changed since the plan was made", t.target.heading())))
         },
@@ -500,22 +484,8 @@ fn declared_at(op: &Op) -> Option<String> {
     }
 }
 
-/// The preflight steps of the services this target plan (re)starts, by unit file.
-fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
-    t.changes
-        .iter()
-        .filter_map(|c| match &c.spec {
-            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
-                .preflight
-                .is_some()
-                .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Reads the changed resources again: an apply that did not converge is an error.
-fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> anyhow::Result<()> {
+fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> Result<(), EngineError> {
     let desired = DesiredTarget {
         target: t.target.clone(),
         resources: t

@@ -56,7 +56,7 @@ impl HttpClient {
     pub fn get(&self, url: &str) -> Result<(u16, String), HttpError> {
         let fail = |e: reqwest::Error| HttpError::Get {
             url: url.to_string(),
-            reason: causes(&e),
+            reason: crate::diagnostic::one_line(&e),
         };
         self.runtime.block_on(async {
             let mut resp = self
@@ -77,18 +77,6 @@ impl HttpClient {
             Ok((status, String::from_utf8_lossy(&body).into_owned()))
         })
     }
-}
-
-/// An error and its causes on one line: reqwest's own message alone says only "error
-/// sending request".
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text += &format!(": {s}");
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

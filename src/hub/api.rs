@@ -333,13 +333,7 @@ fn encode(s: &str, all: bool) -> String {
 
 /// An error and its sources in one line (reqwest's own message alone says little).
 pub(crate) fn error_chain(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
+    let mut text = crate::diagnostic::one_line(e);
     // reqwest puts the URL in its message; the query of a signed URL must not be shown.
     if let Some(url) = e.url()
         && url.query().is_some()

@@ -8,8 +8,21 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A 1-based line and column in the inventory file; `0:0` when unknown (values that came
-/// from defaults rather than from the file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+/// from defaults rather than from the file). Serialized as `"line:column"` (a saved plan
+/// keeps where the inventory declared what it applies).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    PartialOrd,
+    Ord,
+    serde_with::SerializeDisplay,
+    serde_with::DeserializeFromStr,
+)]
 pub struct Pos {
     /// 1-based line, 0 when unknown.
     pub line: u32,
@@ -27,6 +40,24 @@ impl Pos {
 impl fmt::Display for Pos {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// Text that is not a position: `line:column`, two whole numbers.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a position (line:column)")]
+pub struct BadPos(String);
+
+impl std::str::FromStr for Pos {
+    type Err = BadPos;
+
+    fn from_str(s: &str) -> Result<Self, BadPos> {
+        let bad = || BadPos(s.to_string());
+        let (line, column) = s.split_once(':').ok_or_else(bad)?;
+        Ok(Pos {
+            line: line.parse().map_err(|_| bad())?,
+            column: column.parse().map_err(|_| bad())?,
+        })
     }
 }
 

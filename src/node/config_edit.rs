@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeError, tail};
 use crate::resources::container::PveContainerFact;
-use crate::resources::pve_lines::same_line;
+use crate::resources::pve_lines::{place_devs, same_line};
 use crate::transport::{Transport, shell_quote};
 
 /// Proxmox's lock directory for container configs.
@@ -108,6 +108,8 @@ impl ConfigEdit {
         owns: &dyn Fn(&str, &str) -> bool,
     ) -> ConfigEdit {
         let mut edit = ConfigEdit::default();
+        // `devN` keys placed as the plan placed them (never over the user's own entries).
+        let wanted = &place_devs(wanted, found, owns);
         for (k, v) in wanted {
             if found.iter().any(|(fk, fv)| fk == k && same_line(k, v, fv)) {
                 continue;

@@ -10,8 +10,9 @@ pub use print::render_human;
 use crate::resources::ResourceSpec;
 use crate::resources::wire::Probe;
 
-/// The version of the JSON plan format; bumped on any incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version of the JSON plan format; bumped on any change another version would read
+/// differently. 2: services keep where the inventory declared them (`declared`).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +56,11 @@ pub struct TargetPlan {
     /// lacks a word: reported, never applied).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Why the target could not be read (its container is stopped): `changes` are then
+    /// everything it declares, and apply reads it again once it can and applies only what
+    /// differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_read: Option<String>,
 }
 
 /// The probes a target plan was made from and a digest of their answers.
@@ -219,6 +225,14 @@ pub struct Summary {
     pub delete: usize,
     /// Checked and unchanged.
     pub unchanged: usize,
+    /// Targets not read (their container is stopped): known once apply starts it; their
+    /// resources are not counted above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_read: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Summary {
@@ -226,6 +240,10 @@ impl Summary {
     pub fn of(targets: &[TargetPlan]) -> Self {
         let mut s = Summary::default();
         for t in targets {
+            if t.not_read.is_some() {
+                s.not_read += 1;
+                continue;
+            }
             s.unchanged += t.unchanged;
             for c in &t.changes {
                 match c.action {
@@ -241,7 +259,7 @@ impl Summary {
 
     /// Whether anything would change.
     pub fn has_changes(&self) -> bool {
-        self.create + self.update + self.replace + self.delete > 0
+        self.create + self.update + self.replace + self.delete + self.not_read > 0
     }
 }
 

@@ -22,6 +22,14 @@ pub fn render_human(plan: &Plan, color: bool) -> String {
             continue;
         }
         out += &format!("{}\n", st.bold.apply_to(target.target.heading()));
+        if let Some(why) = &target.not_read {
+            out += &format!(
+                "  {} not read: {why} ({} resource(s) declared)\n\n",
+                st.yellow.apply_to("?"),
+                target.changes.len() + target.unchanged
+            );
+            continue;
+        }
         for change in &target.changes {
             render_change(&mut out, change, &st);
         }
@@ -32,8 +40,12 @@ pub fn render_human(plan: &Plan, color: bool) -> String {
     }
     let s = &plan.summary;
     if s.has_changes() {
+        let unread = match s.not_read {
+            0 => String::new(),
+            n => format!(" {n} target(s) known only after apply starts their container."),
+        };
         out += &format!(
-            "{} {} to add, {} to change, {} to replace, {} to destroy.\n",
+            "{} {} to add, {} to change, {} to replace, {} to destroy.{unread}\n",
             st.bold.apply_to("Plan:"),
             s.create,
             s.update,

@@ -245,6 +245,15 @@ impl Role {
                 }
             }
         }
+        if kind == "service" && rendered.contains_key("declared") {
+            // Positions in the inventory are provision's to record (a saved plan keeps them).
+            return Err(self
+                .error_at(
+                    entry.pos,
+                    "field `declared`: where a service is declared is recorded by provision; a role cannot set it".into(),
+                )
+                .hint("see docs/roles.md for each kind's fields"));
+        }
         if kind == "service"
             && let Some(of) = rendered.remove("of")
         {

@@ -81,19 +81,29 @@ pub fn is_allow_key(k: &str) -> bool {
 
 impl PveLinesSpec {
     /// Whether a found line is one of these lines' kind, so that one not wanted is
-    /// removed: `devN` entries when the lines have any, what [`LineOwner`] owns, and a raw
-    /// `lxc.*` line that sets what one of these lines sets, differently (the line edited
-    /// behind provision's back: it is replaced, not kept beside the wanted one).
+    /// removed: what [`LineOwner`] owns, `devN` entries passing through a device these
+    /// lines pass through (other options) or, offline, an NVIDIA device, and a raw `lxc.*`
+    /// line that sets what one of these lines sets, differently (the line edited behind
+    /// provision's back: it is replaced, not kept beside the wanted one). Any other `devN`
+    /// (`/dev/fuse`, `/dev/net/tun`, ...) or `lxc.*` line is the user's and stays.
     pub fn owns(&self, key: &str, value: &str) -> bool {
-        let pairs = self.pairs();
-        let wanted_dev = pairs.iter().any(|(k, _)| is_dev_key(k));
-        let subject = lxc_subject(key, value);
-        (wanted_dev && is_dev_key(key))
-            || self.owner.as_ref().is_some_and(|o| o.owns(key, value))
-            || (subject.is_some()
-                && pairs
+        if self.owner.as_ref().is_some_and(|o| o.owns(key, value)) {
+            return true;
+        }
+        if !is_dev_key(key) {
+            let subject = lxc_subject(key, value);
+            return subject.is_some()
+                && self
+                    .pairs()
                     .iter()
-                    .any(|(wk, wv)| wk == key && lxc_subject(wk, wv) == subject))
+                    .any(|(wk, wv)| wk == key && lxc_subject(wk, wv) == subject);
+        }
+        let path = dev_path(value);
+        path.starts_with("/dev/nvidia") && self.owner.is_none()
+            || self
+                .pairs()
+                .iter()
+                .any(|(k, v)| is_dev_key(k) && dev_path(v) == path)
     }
 
     /// The lines as `(key, value)`.
@@ -163,10 +173,84 @@ pub fn lxc_subject(key: &str, value: &str) -> Option<String> {
     }
 }
 
-/// `devN` keys: owned by device passthrough, so ones not wanted are removed.
+/// `devN` keys (device passthrough, Proxmox VE 8.1 and later).
 pub fn is_dev_key(k: &str) -> bool {
     k.strip_prefix("dev")
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// The device a `devN` value passes through (`/dev/nvidia0,mode=0666` -> `/dev/nvidia0`;
+/// `path=` spelled out or not).
+fn dev_path(value: &str) -> &str {
+    let first = value.split(',').next().unwrap_or_default().trim();
+    first.strip_prefix("path=").unwrap_or(first)
+}
+
+/// Whether a found `devN` line (key, wanted value, found value) holds a wanted one.
+type LineMatch = dyn Fn(&str, &str, &str) -> bool;
+
+/// Proxmox's limit on `devN` entries per container (`dev0` to `dev255`).
+const MAX_DEVS: usize = 256;
+
+/// `wanted` with each `devN` key placed so that it never takes a `devN` the user has for
+/// something else: a device already passed through under some `devK` keeps `K`; otherwise
+/// it takes its own key when that is free or holds a line `owns` claims, else the lowest
+/// such index. Roles number their entries from `dev0`, and a user's own `dev0:
+/// /dev/fuse` must not be overwritten by them. The same placement is made by the plan
+/// and, against the config read just before the write, by the node step.
+pub fn place_devs(
+    wanted: &[(String, String)],
+    found: &[(String, String)],
+    owns: &dyn Fn(&str, &str) -> bool,
+) -> Vec<(String, String)> {
+    let mut placed: Vec<Option<String>> = vec![None; wanted.len()];
+    let mut taken: Vec<String> = Vec::new();
+    // Already there under whatever index: as wanted, then the same device with other
+    // options (changed in place).
+    let exact: &LineMatch = &|fk, v, fv| same_line(fk, v, fv);
+    let device: &LineMatch = &|_, v, fv| dev_path(v) == dev_path(fv);
+    for same in [exact, device] {
+        for (i, (k, v)) in wanted.iter().enumerate() {
+            if !is_dev_key(k) || placed[i].is_some() {
+                continue;
+            }
+            if let Some((fk, _)) = found
+                .iter()
+                .find(|(fk, fv)| is_dev_key(fk) && !taken.contains(fk) && same(fk, v, fv))
+            {
+                taken.push(fk.clone());
+                placed[i] = Some(fk.clone());
+            }
+        }
+    }
+    let free = |key: &str, taken: &[String]| {
+        !taken.iter().any(|t| t == key)
+            && found
+                .iter()
+                .filter(|(fk, _)| fk == key)
+                .all(|(fk, fv)| owns(fk, fv))
+    };
+    for (i, (k, _)) in wanted.iter().enumerate() {
+        if !is_dev_key(k) || placed[i].is_some() {
+            continue;
+        }
+        let key = if free(k, &taken) {
+            Some(k.clone())
+        } else {
+            (0..MAX_DEVS)
+                .map(|n| format!("dev{n}"))
+                .find(|key| free(key, &taken))
+        };
+        // No free index at all: keep the role's key, so the plan shows the clash.
+        let key = key.unwrap_or_else(|| k.clone());
+        taken.push(key.clone());
+        placed[i] = Some(key);
+    }
+    wanted
+        .iter()
+        .zip(placed)
+        .map(|((k, v), p)| (p.unwrap_or_else(|| k.clone()), v.clone()))
+        .collect()
 }
 
 impl Resource for PveLinesSpec {
@@ -201,7 +285,7 @@ impl Resource for PveLinesSpec {
                 found.push((k.clone(), v.clone()));
             }
         }
-        let want = self.pairs();
+        let want = place_devs(&self.pairs(), &found, &|k, v| self.owns(k, v));
         let mut d = Delta::new(Action::Update);
         for (k, v) in &want {
             if !found.iter().any(|(fk, fv)| fk == k && same_line(k, v, fv)) {
@@ -307,6 +391,87 @@ mod tests {
         assert_eq!(d.attributes.len(), 1, "{d:?}");
         assert_eq!(d.attributes[0].name, "dev1");
         assert!(spec.diff(&converged).unwrap().is_none());
+    }
+
+    fn lines(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_users_own_dev_entries_are_never_taken_or_removed() {
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "gpu-passthrough".into(),
+            lines: vec!["dev0: /dev/nvidia0".into(), "dev1: /dev/nvidiactl".into()],
+            owner: None,
+        };
+        // The user passes /dev/fuse as dev0 and /dev/net/tun as dev2.
+        let user = [("dev0", "/dev/fuse"), ("dev2", "/dev/net/tun")];
+        let d = spec.diff(&facts(&user, &[])).unwrap().unwrap();
+        let got: Vec<(&str, Option<&str>, Option<&str>)> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.before.as_deref(), a.after.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("dev1", None, Some("/dev/nvidia0")),
+                ("dev3", None, Some("/dev/nvidiactl")),
+            ],
+            "{d:?}"
+        );
+        assert_eq!(d.action, Action::Create);
+        // Converged where the plan placed them: no drift, and the user's lines stay.
+        let converged = [
+            ("dev0", "/dev/fuse"),
+            ("dev1", "/dev/nvidia0"),
+            ("dev2", "/dev/net/tun"),
+            ("dev3", "/dev/nvidiactl"),
+        ];
+        assert!(spec.diff(&facts(&converged, &[])).unwrap().is_none());
+        // The node step makes the same placement from the same config.
+        let owns = |k: &str, v: &str| spec.owns(k, v);
+        let edit =
+            crate::node::config_edit::ConfigEdit::toward(&spec.pairs(), &lines(&user), &owns);
+        assert_eq!(
+            edit.set,
+            lines(&[("dev1", "/dev/nvidia0"), ("dev3", "/dev/nvidiactl")])
+        );
+        assert!(edit.delete.is_empty(), "{edit:?}");
+        assert!(
+            crate::node::config_edit::ConfigEdit::toward(&spec.pairs(), &lines(&converged), &owns)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn passthrough_entries_keep_their_index_and_stale_ones_go() {
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "gpu-passthrough".into(),
+            lines: vec!["dev0: /dev/nvidia1,mode=0666".into()],
+            owner: None,
+        };
+        // Already passed through as dev4: kept there. dev0, an NVIDIA node no longer
+        // selected, is passthrough's own and goes.
+        let found = [("dev0", "/dev/nvidia0"), ("dev4", "/dev/nvidia1,mode=0666")];
+        let d = spec.diff(&facts(&found, &[])).unwrap().unwrap();
+        assert_eq!(d.attributes.len(), 1, "{d:?}");
+        assert_eq!(d.attributes[0].name, "dev0");
+        assert_eq!(d.attributes[0].after, None);
+        // Other options on the same device: changed in place, at its index.
+        let found = [("dev4", "/dev/nvidia1"), ("dev0", "/dev/fuse")];
+        let d = spec.diff(&facts(&found, &[])).unwrap().unwrap();
+        let got: Vec<(&str, Option<&str>)> = d
+            .attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.before.as_deref()))
+            .collect();
+        assert_eq!(got, vec![("dev4", Some("/dev/nvidia1"))], "{d:?}");
     }
 
     #[test]

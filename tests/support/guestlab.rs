@@ -53,6 +53,30 @@ impl Guest {
         )
     }
 
+    /// A fresh privileged container with the host directory `shared` mounted at
+    /// `/shared`, as llm-two has its model store.
+    pub fn with_shared(name: &str, shared: &Path) -> Guest {
+        Self::with(
+            name,
+            ContainerSpec {
+                privileged: true,
+                memory_mb: 1024,
+                mounts: vec![(shared.to_path_buf(), "/shared".into())],
+                ..Default::default()
+            },
+        )
+    }
+
+    /// The lab bridge's address on the host: where host-side services (the fake hub)
+    /// listen for containers to reach them.
+    pub fn bridge_ip(&self) -> std::net::IpAddr {
+        self.lab.vars["LAB_BRIDGE_CIDR"]
+            .split('/')
+            .next()
+            .and_then(|ip| ip.parse().ok())
+            .expect("LAB_BRIDGE_CIDR is an address/prefix")
+    }
+
     /// A fresh container made from `spec`.
     pub fn with(name: &str, spec: ContainerSpec) -> Guest {
         let lab = LabEnv::from_env_or_up().expect("the lab is up (scripts/lab up, as root)");
@@ -174,6 +198,25 @@ impl Guest {
             .env_remove("SSH_AUTH_SOCK")
             .envs(env.iter().copied());
         cmd.output().unwrap()
+    }
+
+    /// Applies a plan saved by `plan --out` (whole: a saved plan takes no `--target`) with
+    /// this test's own known_hosts and `extra` flags; exit code, stdout and stderr.
+    pub fn apply_saved(&self, plan: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_provision"))
+            .args(["apply", "--yes", "--known-hosts"])
+            .arg(self.dir.path().join("known_hosts"))
+            .args(extra)
+            .arg(plan)
+            .env("NO_COLOR", "1")
+            .env_remove("SSH_AUTH_SOCK")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// [`Self::provision`], asserting its exit code; stdout and stderr.

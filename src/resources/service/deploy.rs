@@ -25,6 +25,11 @@ pub struct Deploy {
     pub service: ServiceSpec,
     /// (Re)start it and watch it.
     pub restart: bool,
+    /// The unit runs as declared and only its readiness differs: watch the running
+    /// server first and restart it only when it hangs, crashes or misses its deadline. A
+    /// load in progress (llm-two takes minutes after a boot) is not thrown away.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_first: bool,
     /// On a failed gate, go back to the last unit that passed it.
     pub rollback: bool,
 }
@@ -270,6 +275,33 @@ pub fn deploy(d: &Deploy) -> Result<DeployReport, DeployError> {
     }
     if !d.restart {
         return Ok(report);
+    }
+    if d.wait_first
+        && let Some(r) = &service.readiness
+    {
+        crate::progress::line(&format!(
+            "{} runs as declared but is not ready yet: waiting for it before any restart",
+            service.unit
+        ));
+        let verdict = watch(&service.unit, r, journal_cursor(&service.unit), &mut |l| {
+            crate::progress::line(l)
+        });
+        if let Verdict::Ready { .. } = verdict {
+            crate::progress::report(crate::progress::Progress::Verdict {
+                text: format!("{}: {} (not restarted)", service.unit, verdict.summary()),
+            });
+            report
+                .notes
+                .push("the running server became ready: not restarted".into());
+            report.verdict = Some(verdict);
+            let unit = read_unit(&service.unit_path)?;
+            write_unit(&lkg_path(&service.unit), &unit)?;
+            return Ok(report);
+        }
+        report.notes.push(format!(
+            "the running server did not become ready ({}): restarted",
+            verdict.summary()
+        ));
     }
     let verdict = restart_and_watch(service)?;
     report.verdict = verdict.clone();

@@ -59,8 +59,9 @@ pub struct ServiceSpec {
     /// Degraded variants of the unit, tried in order when the health gate fails.
     #[serde(default)]
     pub fallbacks: Vec<Fallback>,
-    /// Where the inventory declared it (services built from the inventory only).
-    #[serde(skip)]
+    /// Where the inventory declared it (services built from the inventory only; a role
+    /// cannot set it). Kept in a saved plan, so that applying it names the inventory's line.
+    #[serde(default, skip_serializing_if = "Declared::is_unknown")]
     pub declared: Declared,
 }
 
@@ -92,10 +93,11 @@ pub struct Fallback {
 }
 
 /// Where in the inventory a service was declared, kept with the typed value so that what
-/// is found after rendering (a release rule at plan time, a refused apply) points at the
-/// line to change. Never serialized and never compared: two services are equal whatever
+/// is found after rendering (a release rule at plan time, a refused apply, also of a saved
+/// plan) points at the line to change. Never compared: two services are equal whatever
 /// their positions.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Declared {
     /// The inventory file; empty for a service a role wrote itself.
     pub file: PathBuf,
@@ -103,6 +105,7 @@ pub struct Declared {
     pub service: Pos,
     /// Positions of the settings behind argv flags (`--mamba-scheduler-strategy`) and
     /// environment variables (`SGLANG_ENABLE_SPEC_V2`), by flag or name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub settings: BTreeMap<String, Pos>,
 }
 
@@ -116,6 +119,11 @@ impl Declared {
     /// Whether the service was built from the inventory (not written by a role).
     pub fn from_inventory(&self) -> bool {
         !self.file.as_os_str().is_empty()
+    }
+
+    /// Whether there is no position to keep (a role's own service).
+    fn is_unknown(&self) -> bool {
+        !self.from_inventory()
     }
 
     /// `file:line:col` of `setting`, else of the service; `None` for a role's own service.
@@ -308,10 +316,16 @@ impl Resource for ServiceSpec {
             && !answer.listed
         {
             d = d.attr(Attribute::change(
-                "readiness",
+                READINESS,
                 Some(format!("not ready ({})", answer.describe())),
                 Some(format!("{} lists `{}`", r.url, r.served_model_name)),
             ));
+            if d.attributes.iter().all(|a| a.name == READINESS) {
+                d = d.reason(format!(
+                    "{} runs as declared: apply waits for it first (a load in progress is not thrown away) and restarts it only if it hangs, crashes or misses its deadline",
+                    self.unit
+                ));
+            }
         }
         if let Some(r) = &self.readiness
             && !d.attributes.is_empty()
@@ -354,15 +368,25 @@ impl Resource for ServiceSpec {
 
     fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
         // Only `enabled` differing needs no restart; anything else does (a start when
-        // stopped, a restart when a dependency or the loaded unit changed).
+        // stopped, a restart when a dependency or the loaded unit changed). A server that
+        // runs as declared and is only not ready yet is waited for first.
         let restart = change.attributes.iter().any(|a| a.name != "enabled");
+        let wait_first = restart
+            && change
+                .attributes
+                .iter()
+                .all(|a| a.name == "enabled" || a.name == READINESS);
         Ok(vec![Step::DeployService(Box::new(Deploy {
             service: self.clone(),
             restart,
+            wait_first,
             rollback: true,
         }))])
     }
 }
+
+/// The attribute a server that runs but does not answer its readiness URL differs in.
+const READINESS: &str = "readiness";
 
 /// A systemd unit's state (a subset of `systemctl show`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -486,6 +510,45 @@ mod tests {
         let mut map = HashMap::new();
         map.insert(s.probes()[0].clone(), Fact::Unit(Some(unit)));
         Facts::Read(map)
+    }
+
+    #[test]
+    fn a_saved_service_keeps_where_it_was_declared() {
+        let mut s = spec(&["/bin/server"]);
+        // A role's own service has no position, and its JSON says nothing of one.
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(!text.contains("declared"), "{text}");
+        s.declared = Declared {
+            file: "inv.yaml".into(),
+            service: Pos {
+                line: 7,
+                column: 32,
+            },
+            settings: [(
+                "--tp-size".to_string(),
+                Pos {
+                    line: 8,
+                    column: 17,
+                },
+            )]
+            .into(),
+        };
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(
+            text.contains(
+                r#""declared":{"file":"inv.yaml","service":"7:32","settings":{"--tp-size":"8:17"}}"#
+            ),
+            "{text}"
+        );
+        let back: ServiceSpec = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            back.declared.at("--tp-size").as_deref(),
+            Some("inv.yaml:8:17")
+        );
+        assert_eq!(back.declared.at("").as_deref(), Some("inv.yaml:7:32"));
+        let bad = text.replace("7:32", "7");
+        let e = serde_json::from_str::<ServiceSpec>(&bad).unwrap_err();
+        assert!(e.to_string().contains("`7` is not a position"), "{e}");
     }
 
     #[test]

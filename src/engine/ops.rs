@@ -1,0 +1,106 @@
+//! The operations that carry out a target plan: API and node operations for a container,
+//! guest steps for the rest, a service's preflight before its unit is written. Derived from
+//! the plan alone, so a saved plan runs exactly what it shows.
+
+use std::collections::HashMap;
+
+use super::online::ApplyOptions;
+use crate::access::{ApiOp, NodeOp, Op};
+use crate::plan::{Change, Target, TargetPlan};
+use crate::resources::ResourceSpec;
+use crate::resources::wire::Step;
+
+/// The operations that carry out `t`'s changes, in order: API and node operations for the
+/// container, guest steps (a service's preflight before its unit). A change that cannot be
+/// applied yet is added to `unsupported`.
+pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<String>) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let mut steps = Vec::new();
+    let mut preflights = preflights_of(t);
+    let lines: Vec<&Change> = t
+        .changes
+        .iter()
+        .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
+        .collect();
+    for c in &t.changes {
+        // A service's preflight runs before its unit is written, or before its deploy
+        // when the unit itself does not change: a refused argv changes nothing.
+        let key = match &c.spec {
+            ResourceSpec::File(f) => Some(f.path.clone()),
+            ResourceSpec::Service(svc) => Some(svc.unit_path.clone()),
+            _ => None,
+        };
+        if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
+            steps.push(step);
+        }
+        if let ResourceSpec::Container(spec) = &c.spec {
+            // Applied through the node's API, not by guest steps; started only after
+            // root-only lines, when there are any.
+            ops.push(Op::Api(ApiOp::Container {
+                address: c.address.clone(),
+                spec: spec.clone(),
+                action: c.action,
+                allow_replace: options.allow_replace,
+                start: lines.is_empty(),
+            }));
+            continue;
+        }
+        if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
+            // Root-only: over the node's SSH as root.
+            ops.push(Op::Node(NodeOp::Lines {
+                address: c.address.clone(),
+                spec: spec.clone(),
+            }));
+            continue;
+        }
+        if let ResourceSpec::Template(spec) = &c.spec {
+            // Fetched by the node through its API, before any container needs it.
+            ops.push(Op::Api(ApiOp::Template {
+                address: c.address.clone(),
+                spec: spec.clone(),
+            }));
+            continue;
+        }
+        match c.spec.resource().steps(c) {
+            Ok(s)
+                if !options.install_driver
+                    && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
+            {
+                unsupported.push(format!(
+                    "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
+                    c.address
+                ));
+            }
+            Ok(s) => steps.extend(s.into_iter().map(|mut step| {
+                if let Step::DeployService(d) = &mut step {
+                    d.rollback = options.rollback;
+                }
+                step
+            })),
+            Err(why) => unsupported.push(format!("{}: {why}", c.address)),
+        }
+    }
+    if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
+        // Root-only lines take effect at a start: create (stopped) -> lines -> start.
+        ops.push(Op::Api(ApiOp::Start {
+            vmid: *vmid,
+            reboot: true,
+        }));
+    }
+    ops.extend(steps.into_iter().map(Op::Guest));
+    ops
+}
+
+/// The preflight steps of the services this target plan (re)starts, by unit file.
+fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
+    t.changes
+        .iter()
+        .filter_map(|c| match &c.spec {
+            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
+                .preflight
+                .is_some()
+                .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
+            _ => None,
+        })
+        .collect()
+}
