@@ -310,6 +310,18 @@ fn changed(text: &str, name: &str, change: &str) -> bool {
     })
 }
 
+/// Each of `lines` is in `out`, in this order.
+fn assert_in_order(out: &str, lines: &[&str]) {
+    let at: Vec<usize> = lines
+        .iter()
+        .map(|s| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}")))
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "not in order {lines:?}:\n{out}"
+    );
+}
+
 /// The selected stand-in GPU is in the container with its major:minor, the cgroup lets
 /// it be opened (ENXIO from the stand-in, not EPERM), and the other GPU is not there.
 fn assert_gpu_visible(cli: &Cli, ct: &Ct) {
@@ -338,18 +350,16 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
 
     // One apply, no --accept-new-host-keys: create -> lines -> start -> bootstrap -> guest.
     let out = cli.expect(&["apply", "--yes"], 0);
-    let order = [
-        "create CT 9261 (started after its root-only lines)",
-        "locked edit of",
-        "start CT 9261",
-        "bootstrap through node",
-        "write /etc/app.conf",
-    ];
-    let at: Vec<usize> = order
-        .iter()
-        .map(|s| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}")))
-        .collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_in_order(
+        &out,
+        &[
+            "create CT 9261 (started after its root-only lines)",
+            "locked edit of",
+            "start CT 9261",
+            "bootstrap through node",
+            "write /etc/app.conf",
+        ],
+    );
     assert_eq!(cli.guest(&ct, "cat /etc/app.conf"), "hello = 1\n");
     assert_gpu_visible(&cli, &ct);
     cli.expect(&["plan", "--detailed-exitcode"], 0);
@@ -581,17 +591,15 @@ fn a_bind_mount_with_a_token_is_a_node_step_over_node_ssh() {
 
     // create (stopped, without the mount) -> `pct set -mp0` over node SSH -> start.
     let out = cli.expect(&["apply", "--yes"], 0);
-    let order = [
-        "create CT 9264 (started after its root-only lines)",
-        "pct set 9264 (mp0)",
-        "start CT 9264",
-        "write /etc/app.conf",
-    ];
-    let at: Vec<usize> = order
-        .iter()
-        .map(|s| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}")))
-        .collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_in_order(
+        &out,
+        &[
+            "create CT 9264 (started after its root-only lines)",
+            "pct set 9264 (mp0)",
+            "start CT 9264",
+            "write /etc/app.conf",
+        ],
+    );
     assert_eq!(cli.guest(&ct, "cat /data/kept"), "host data\n");
     assert_gpu_visible(&cli, &ct);
     let conf = std::fs::read_to_string(cli.conf(9264)).unwrap();
