@@ -25,19 +25,7 @@ fn create_defaults_lock_and_duplicate() {
     let c = api();
     // The task is made slow to start (its config written and locked, the flock free), so
     // what the call leaves behind is still there to see however fast the create runs.
-    lab()
-        .inject_fault(&FaultRule {
-            method: Some("POST".into()),
-            path: "^/nodes/lab/lxc$".into(),
-            param: Some(format!("vmid={vmid}")),
-            count: 1,
-            kind: FaultKind::SlowTask,
-            message: None,
-            status: None,
-            delay_ms: Some(5000),
-            hold_lock: false,
-        })
-        .unwrap();
+    lab().inject_fault(&slow_create(vmid, 5000)).unwrap();
     let upid = c.call("POST", &node("/lxc"), &refs(&p)).unwrap();
     // The config exists, locked, as soon as the call returns.
     let raw = std::fs::read_to_string(conf_path(vmid)).unwrap();
@@ -374,17 +362,7 @@ fn a_slow_create_holds_the_create_lock() {
     let _clean = Cleanup(vmid);
     let c = api();
     // Slow to start its work: the config carries `lock: create` while the flock is free.
-    let rule = FaultRule {
-        method: Some("POST".into()),
-        path: "^/nodes/lab/lxc$".into(),
-        param: Some(format!("vmid={vmid}")),
-        count: 1,
-        kind: FaultKind::SlowTask,
-        message: None,
-        status: None,
-        delay_ms: Some(1500),
-        hold_lock: false,
-    };
+    let rule = slow_create(vmid, 1500);
     lab().inject_fault(&rule).unwrap();
     let upid = c
         .call("POST", &node("/lxc"), &refs(&create_params(vmid)))
@@ -508,5 +486,21 @@ fn many_containers_at_once_get_distinct_ids_and_addresses() {
     assert_eq!(ids.len(), 3);
     for ct in &cts {
         assert_eq!(ct.ssh_ok("hostname -I").unwrap().trim(), ct.ip.to_string());
+    }
+}
+
+/// The create of `vmid` slow to start its work by `delay_ms`: its config is written and
+/// locked (`lock: create`) while the flock is free, so a test sees what the call leaves.
+fn slow_create(vmid: u32, delay_ms: u64) -> FaultRule {
+    FaultRule {
+        method: Some("POST".into()),
+        path: "^/nodes/lab/lxc$".into(),
+        param: Some(format!("vmid={vmid}")),
+        count: 1,
+        kind: FaultKind::SlowTask,
+        message: None,
+        status: None,
+        delay_ms: Some(delay_ms),
+        hold_lock: false,
     }
 }

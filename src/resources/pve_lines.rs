@@ -393,6 +393,14 @@ mod tests {
         assert!(spec.diff(&converged).unwrap().is_none());
     }
 
+    /// Each attribute of `d` as (name, before, after).
+    fn changes(d: &Delta) -> Vec<(&str, Option<&str>, Option<&str>)> {
+        d.attributes
+            .iter()
+            .map(|a| (a.name.as_str(), a.before.as_deref(), a.after.as_deref()))
+            .collect()
+    }
+
     fn lines(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
@@ -411,11 +419,7 @@ mod tests {
         // The user passes /dev/fuse as dev0 and /dev/net/tun as dev2.
         let user = [("dev0", "/dev/fuse"), ("dev2", "/dev/net/tun")];
         let d = spec.diff(&facts(&user, &[])).unwrap().unwrap();
-        let got: Vec<(&str, Option<&str>, Option<&str>)> = d
-            .attributes
-            .iter()
-            .map(|a| (a.name.as_str(), a.before.as_deref(), a.after.as_deref()))
-            .collect();
+        let got = changes(&d);
         assert_eq!(
             got,
             vec![
@@ -504,11 +508,7 @@ mod tests {
             ))
             .unwrap()
             .unwrap();
-        let got: Vec<(&str, Option<&str>, Option<&str>)> = d
-            .attributes
-            .iter()
-            .map(|a| (a.name.as_str(), a.before.as_deref(), a.after.as_deref()))
-            .collect();
+        let got = changes(&d);
         assert_eq!(
             got,
             vec![
