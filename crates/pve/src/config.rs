@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use sha1::{Digest, Sha1};
 
+use crate::version::Version;
+use crate::{lxc_keys, options, propstr};
+
 /// One section of a config: the main one, the pending one or a snapshot. The description
 /// (`#` lines on top of the section) is the option `description`, as in Proxmox.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,11 +57,12 @@ fn decode_text(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Escapes control characters, `:` and non-ASCII (`PVE::Tools::encode_text`).
+/// Escapes control characters, `:`, `%` and non-ASCII (`PVE::Tools::encode_text`, which
+/// escapes `%` since libpve-common-perl 8.2.2, on PVE 8 and 9 alike).
 fn encode_text(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
-        if (0x20..=0x39).contains(&b) || (0x3b..=0x7e).contains(&b) {
+        if (0x20..=0x24).contains(&b) || (0x26..=0x39).contains(&b) || (0x3b..=0x7e).contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -67,6 +71,7 @@ fn encode_text(s: &str) -> String {
     out
 }
 
+/// `[a-z][a-z0-9_\-]+`, any case: a snapshot section's name.
 fn is_section_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
@@ -81,24 +86,153 @@ enum Target {
     Snapshot(String),
 }
 
+/// One thing `parse_pct_config` says about a line: a line it drops or a value it cannot
+/// type (an error in strict mode), or a deprecation (a warning only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Note {
+    /// The text after `vm <vmid> - `.
+    text: String,
+    /// Whether strict mode dies on it.
+    error: bool,
+}
+
+/// Perl's `\s` on bytes: ASCII blanks only (a no-break space is no space to Proxmox).
+pub(crate) fn is_perl_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
+/// Trims Perl's `\s` from both ends.
+pub(crate) fn perl_trim(s: &str) -> &str {
+    s.trim_matches(is_perl_space)
+}
+
+/// `^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$`: a raw LXC key and its value.
+fn lxc_line(line: &str) -> Option<(&str, &str)> {
+    let key_end = line
+        .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.".contains(c)))
+        .unwrap_or(line.len());
+    let key = &line[..key_end];
+    if key.len() <= 4 || !key.starts_with("lxc.") {
+        return None;
+    }
+    let rest = &line[key_end..];
+    let value = match rest.strip_prefix(':') {
+        Some(v) => v,
+        None => rest.trim_start_matches(is_perl_space).strip_prefix('=')?,
+    };
+    Some((key, perl_trim(value)))
+}
+
+/// `is_valid_lxc_conf_key`: `Ok(note)` to keep the line (with a deprecation to say), or
+/// `Err(Some(why))` / `Err(None)` to drop it.
+fn lxc_key_validity(key: &str, version: Version) -> Result<Option<String>, Option<String>> {
+    if key.starts_with("lxc.limit.") {
+        return Ok(Some(format!(
+            "{key}: lxc.limit.* was renamed to lxc.prlimit.*"
+        )));
+    }
+    if let Some(new) = lxc_keys::DEPRECATED
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, n)| n)
+    {
+        return Ok(Some(format!(
+            "{key} is deprecated and was renamed to {new}"
+        )));
+    }
+    if lxc_keys::VALID.contains(&key)
+        || (version >= Version::Pve9 && lxc_keys::VALID_9.contains(&key))
+    {
+        return Ok(None);
+    }
+    if let Some((_, why)) = lxc_keys::REFUSED.iter().find(|(k, _)| *k == key) {
+        return Err(Some(why.to_string()));
+    }
+    if key.starts_with("lxc.cgroup.") {
+        return match version {
+            Version::Pve8 => Ok(None),
+            _ => Ok(Some(format!(
+                "{key} is deprecated, this will be a hard error in the future!"
+            ))),
+        };
+    }
+    if ["lxc.cgroup2.", "lxc.prlimit.", "lxc.net."]
+        .iter()
+        .any(|p| key.starts_with(p))
+    {
+        return Ok(None);
+    }
+    Err(None)
+}
+
+/// `snapstate:\s*(prepare|delete)\s*$`, anywhere in the line (Proxmox's regex is not
+/// anchored at the start).
+fn snapstate(line: &str) -> Option<&'static str> {
+    line.match_indices("snapstate:")
+        .find_map(|(i, m)| match perl_trim(&line[i + m.len()..]) {
+            "prepare" => Some("prepare"),
+            "delete" => Some("delete"),
+            _ => None,
+        })
+}
+
+/// `^([a-z][a-z_]*\d*):\s*(.+?)\s*$`: an option line.
+fn option_line(line: &str) -> Option<(&str, &str)> {
+    let (key, value) = line.split_once(':')?;
+    let b = key.as_bytes();
+    let letters = b
+        .iter()
+        .take_while(|c| c.is_ascii_lowercase() || **c == b'_')
+        .count();
+    let ok =
+        !b.is_empty() && b[0].is_ascii_lowercase() && b[letters..].iter().all(u8::is_ascii_digit);
+    let value = perl_trim(value);
+    (ok && !value.is_empty()).then_some((key, value))
+}
+
 impl CtConfig {
-    /// Parses a config file; lines it cannot read are reported as errors.
+    /// Parses a config as Proxmox's strict `parse_pct_config` does: the first line it would
+    /// drop or value it could not type is an error (a file that is rewritten must lose
+    /// nothing).
     pub fn parse(raw: &str) -> Result<CtConfig, crate::error::Invalid> {
+        let (conf, notes) = Self::read_notes(raw, Version::Pve9);
+        match notes.into_iter().find(|n| n.error) {
+            Some(n) => Err(crate::error::Invalid(n.text)),
+            None => Ok(conf),
+        }
+    }
+
+    /// Reads a config as a node of `version` does (`parse_pct_config` not strict): a line
+    /// it cannot read is dropped, a value it cannot type kept as written, each with a
+    /// warning worded as Proxmox's (`vm <vmid> - ...`).
+    pub fn read(raw: &str, vmid: u32, version: Version) -> (CtConfig, Vec<String>) {
+        let (conf, notes) = Self::read_notes(raw, version);
+        let warnings = notes
+            .into_iter()
+            .map(|n| format!("vm {vmid} - {}", n.text))
+            .collect();
+        (conf, warnings)
+    }
+
+    fn read_notes(raw: &str, version: Version) -> (CtConfig, Vec<Note>) {
         let mut conf = CtConfig {
             digest: digest(raw),
             ..Default::default()
         };
+        let mut notes = Vec::new();
+        let mut note = |text: String, error: bool| notes.push(Note { text, error });
         let mut target = Target::Main;
         let mut descr = String::new();
-        for line in raw.lines() {
-            if line.trim().is_empty() {
+        for line in raw.split('\n') {
+            if perl_trim(line).is_empty() {
                 continue;
             }
-            let trimmed = line.trim_end();
+            let trimmed = line.trim_end_matches(is_perl_space);
             if trimmed.eq_ignore_ascii_case("[pve:pending]") {
                 conf.section(&target)
                     .set_description(std::mem::take(&mut descr));
                 target = Target::Pending;
+                conf.pending = Section::default();
                 continue;
             }
             if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']'))
@@ -115,48 +249,72 @@ impl CtConfig {
                 descr.push('\n');
                 continue;
             }
+            let in_pending = matches!(target, Target::Pending);
             let sect = conf.section(&target);
-            if line.starts_with("lxc.") {
-                let (key, value) = match (line.find(':'), line.find('=')) {
-                    (Some(c), Some(e)) if e < c => (&line[..e], &line[e + 1..]),
-                    (Some(c), _) => (&line[..c], &line[c + 1..]),
-                    (None, Some(e)) => (&line[..e], &line[e + 1..]),
-                    (None, None) => {
-                        return Err(crate::error::Invalid(format!(
-                            "unable to parse config: {line}"
-                        )));
+            if let Some((key, value)) = lxc_line(line) {
+                match lxc_key_validity(key, version) {
+                    Ok(deprecated) => {
+                        if let Some(d) = deprecated {
+                            note(d, false);
+                        }
+                        if key == "lxc.environment.runtime" && version >= Version::Pve9 {
+                            let env = sect.props.entry("env".into()).or_default();
+                            if !env.is_empty() {
+                                env.push('\0');
+                            }
+                            env.push_str(value);
+                        } else {
+                            sect.lxc.push((key.to_string(), value.to_string()));
+                        }
                     }
-                };
-                sect.lxc
-                    .push((key.trim().to_string(), value.trim().to_string()));
+                    Err(Some(why)) => note(format!("{key}: {why}"), true),
+                    Err(None) => note(format!("unable to parse config: {line}"), true),
+                }
                 continue;
             }
-            let Some((key, value)) = line.split_once(':') else {
-                return Err(crate::error::Invalid(format!(
-                    "unable to parse config: {line}"
-                )));
-            };
-            let key = key.trim();
-            let value = value.trim();
-            if key.is_empty()
-                || !key.chars().next().is_some_and(|c| c.is_ascii_lowercase())
-                || !key
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-                || value.is_empty()
+            if let Some(value) = line.strip_prefix("description:").map(perl_trim)
+                && !value.is_empty()
             {
-                return Err(crate::error::Invalid(format!(
-                    "unable to parse config: {line}"
-                )));
-            }
-            if key == "description" {
                 descr.push_str(&decode_text(value));
                 continue;
             }
-            sect.props.insert(key.to_string(), value.to_string());
+            if let Some(state) = snapstate(line) {
+                sect.props.insert("snapstate".into(), state.into());
+                continue;
+            }
+            if let Some(value) = line.strip_prefix("delete:").map(perl_trim)
+                && !value.is_empty()
+            {
+                if in_pending {
+                    sect.props.insert("delete".into(), value.to_string());
+                } else {
+                    note(
+                        "property 'delete' is only allowed in [pve:pending]".into(),
+                        true,
+                    );
+                }
+                continue;
+            }
+            let Some((key, value)) = option_line(line) else {
+                note(format!("unable to parse config: {line}"), true);
+                continue;
+            };
+            let value = match options::check_type(key, value, version) {
+                Ok(typed) => typed,
+                Err(e) => {
+                    note(
+                        format!("unable to parse value of '{key}' - {}", e.0.trim_end()),
+                        true,
+                    );
+                    value.to_string()
+                }
+            };
+            sect.props.insert(key.to_string(), value);
         }
         conf.section(&target).set_description(descr);
-        Ok(conf)
+        // `delete $res->{snapstate}`: only a snapshot keeps one.
+        conf.main.props.remove("snapstate");
+        (conf, notes)
     }
 
     fn section(&mut self, t: &Target) -> &mut Section {
@@ -167,18 +325,45 @@ impl CtConfig {
         }
     }
 
-    /// Writes the config as Proxmox does.
+    /// Writes the config as PVE 9 does.
     pub fn to_raw(&self) -> String {
-        let mut raw = write_section(&self.main);
+        self.write(Version::Pve9)
+    }
+
+    /// Writes the config as `write_pct_config` of `version` does: an `unusedN` whose
+    /// volume a mount point still uses is left out.
+    pub fn write(&self, version: Version) -> String {
+        let used = self.used_volumes(version);
+        let mut main = self.main.clone();
+        main.props
+            .retain(|k, v| !(k.starts_with("unused") && used.contains(v)));
+        main.props.remove("snapstate");
+        let mut raw = write_section(&main, version);
         if !self.pending.props.is_empty() || !self.pending.lxc.is_empty() {
             raw.push_str("\n[pve:pending]\n");
-            raw.push_str(&write_section(&self.pending));
+            raw.push_str(&write_section(&self.pending, version));
         }
         for (name, snap) in &self.snapshots {
             raw.push_str(&format!("\n[{name}]\n"));
-            raw.push_str(&write_section(snap));
+            raw.push_str(&write_section(snap, version));
         }
         raw
+    }
+
+    /// The storage volumes the main section's `rootfs` and `mpN` name (`get_vm_volumes`).
+    fn used_volumes(&self, version: Version) -> Vec<String> {
+        self.main
+            .props
+            .iter()
+            .filter(|(k, _)| options::is_mount_key(k))
+            .filter_map(|(k, v)| {
+                let fmt = propstr::format_of(k)?;
+                let vol = propstr::parse_for(&fmt, v, version)
+                    .ok()?
+                    .remove("volume")?;
+                (options::MountKind::of(&vol) == options::MountKind::Volume).then_some(vol)
+            })
+            .collect()
     }
 
     /// Current value of an option.
@@ -216,18 +401,24 @@ impl CtConfig {
 }
 
 impl Section {
+    /// Perl's `$conf->{description} = $descr if $descr`: neither empty nor `0`.
     fn set_description(&mut self, text: String) {
-        if !text.is_empty() {
+        if !text.is_empty() && text != "0" {
             self.props.insert("description".into(), text);
         }
     }
 }
 
-fn write_section(s: &Section) -> String {
+fn write_section(s: &Section, version: Version) -> String {
     let mut raw = String::new();
     // Perl's `split(/\n/, $descr)`: a `\r` stays in its line (encoded), trailing empty
     // lines go.
-    if let Some(d) = s.props.get("description").map(|d| d.trim_end_matches('\n'))
+    // `$conf->{description} || ''`: only `0` itself is false (`0\n` is written).
+    if let Some(d) = s
+        .props
+        .get("description")
+        .filter(|d| *d != "0")
+        .map(|d| d.trim_end_matches('\n'))
         && !d.is_empty()
     {
         for line in d.split('\n') {
@@ -236,10 +427,22 @@ fn write_section(s: &Section) -> String {
             raw.push('\n');
         }
     }
-    for (k, v) in s.props.iter().filter(|(k, _)| *k != "description") {
+    let env_is_lines = version >= Version::Pve9;
+    for (k, v) in &s.props {
+        if k == "description" || (k == "env" && env_is_lines) {
+            continue;
+        }
         raw.push_str(&format!("{k}: {v}\n"));
     }
+    if env_is_lines && let Some(env) = s.props.get("env") {
+        for var in env.split('\0').filter(|v| !v.is_empty()) {
+            raw.push_str(&format!("lxc.environment.runtime: {var}\n"));
+        }
+    }
     for (k, v) in &s.lxc {
+        if env_is_lines && k == "lxc.environment.runtime" {
+            continue;
+        }
         raw.push_str(&format!("{k}: {v}\n"));
     }
     raw
@@ -300,17 +503,33 @@ lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.mount.entry: /dev/nvidia0 dev/nvidia
     }
 
     #[test]
-    fn percent_escapes_in_descriptions_read_back_decoded_as_in_proxmox() {
-        // Found by fuzzing, and Proxmox's own behaviour (`encode_text` leaves `%` alone):
-        // a description holding `%0A` is written as is and reads back as a newline.
+    fn percent_is_escaped_in_descriptions_as_proxmox_does_since_2024() {
+        // libpve-common-perl 8.2.2 escapes `%` as `%25` (PVE 8 and 9, pinned by the oracle's
+        // `description-*` cases): a description holding `%0A` reads back as written.
         let conf = CtConfig::parse("description: 50%250A\n").unwrap();
         assert_eq!(conf.get("description"), Some("50%0A"));
         let raw = conf.to_raw();
-        assert_eq!(raw, "#50%0A\n");
+        assert_eq!(raw, "#50%250A\n");
         assert_eq!(
             CtConfig::parse(&raw).unwrap().get("description"),
-            Some("50\n\n")
+            Some("50%0A\n")
         );
+    }
+
+    #[test]
+    fn a_bad_line_is_dropped_with_a_warning_and_values_are_typed() {
+        let (conf, warnings) = CtConfig::read(
+            "onboot: true\nmemory: 02048\nthis is no config\n",
+            129,
+            Version::Pve9,
+        );
+        assert_eq!(conf.get("onboot"), Some("1"));
+        assert_eq!(conf.get("memory"), Some("2048"));
+        assert_eq!(
+            warnings,
+            ["vm 129 - unable to parse config: this is no config"]
+        );
+        assert!(CtConfig::parse("this is no config\n").is_err());
     }
 
     #[test]

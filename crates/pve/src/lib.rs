@@ -6,13 +6,17 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod formats;
+mod lxc_keys;
 pub mod normalize;
 pub mod options;
 pub mod perms;
 pub mod propstr;
 pub mod tls;
 pub mod upid;
+pub mod version;
 
 pub use client::{Auth, Client, RetryPolicy};
 pub use error::{ApiError, ApiResult};
 pub use tls::{Trust, fingerprint};
+pub use version::Version;

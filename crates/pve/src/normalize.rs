@@ -8,45 +8,27 @@
 use std::collections::BTreeMap;
 
 use crate::config::split_list;
-use crate::options::{indexed, new_disk, unique_tags};
-use crate::propstr::{self, Format};
+use crate::options::{self, Schema, indexed, new_disk, unique_tags};
+use crate::propstr::{self, Format, Kind};
+use crate::version::Version;
 
-/// Property-string keys whose value is a boolean.
-const BOOL_KEYS: &[&str] = &[
-    "acl",
-    "backup",
-    "firewall",
-    "link_down",
-    "quota",
-    "replicate",
-    "ro",
-    "shared",
-    "deny-write",
-    "force_rw_sys",
-    "fuse",
-    "keyctl",
-    "mknod",
-    "nesting",
-    "host-managed",
-];
+/// Whether a property-string key of `fmt` holds a boolean.
+fn is_bool_key(fmt: &Format, key: &str) -> bool {
+    fmt.prop(key, Version::Pve9)
+        .is_some_and(|p| matches!(p.kind, Kind::Bool))
+}
 
-/// Options whose value is a boolean.
-const BOOL_OPTIONS: &[&str] = &[
-    "console",
-    "debug",
-    "onboot",
-    "protection",
-    "template",
-    "unprivileged",
-];
+/// Whether an option holds a boolean.
+fn is_bool_option(key: &str) -> bool {
+    matches!(
+        options::schema(key, Version::Pve9),
+        Some(Schema::Plain(Kind::Bool))
+    )
+}
 
 /// A boolean in any spelling Proxmox accepts, as `0`/`1`.
 fn bool_text(v: &str) -> Option<&'static str> {
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "on" | "yes" | "true" => Some("1"),
-        "0" | "off" | "no" | "false" => Some("0"),
-        _ => None,
-    }
+    propstr::parse_boolean(v)
 }
 
 /// Defaults Proxmox assumes when a property-string key is absent, by format.
@@ -55,6 +37,7 @@ fn propstr_default(key: &str, prop: &str) -> Option<&'static str> {
     match prop {
         "firewall" | "link_down" | "host-managed" if indexed(key, "net") => Some("0"),
         "ro" | "quota" | "shared" if mount => Some("0"),
+        "keepattrs" if indexed(key, "mp") => Some("0"),
         "replicate" if mount => Some("1"),
         // mount points are not backed up unless asked; the root filesystem always is.
         "backup" if indexed(key, "mp") => Some("0"),
@@ -67,7 +50,9 @@ fn propstr_default(key: &str, prop: &str) -> Option<&'static str> {
 /// Defaults of whole options: an absent option means this value.
 fn option_default(key: &str) -> Option<&'static str> {
     match key {
-        "onboot" | "protection" | "console" | "debug" | "template" => Some("0"),
+        "onboot" | "protection" | "debug" | "template" => Some("0"),
+        // A container has a console unless `console: 0` says otherwise.
+        "console" => Some("1"),
         "features" | "tags" | "description" => Some(""),
         _ => None,
     }
@@ -79,7 +64,7 @@ fn canonical_propstr(key: &str, fmt: &Format, value: &str) -> String {
     };
     let mut out = BTreeMap::new();
     for (k, v) in std::mem::take(&mut map) {
-        let v = if BOOL_KEYS.contains(&k.as_str()) {
+        let v = if is_bool_key(fmt, &k) {
             bool_text(&v).map_or(v, str::to_string)
         } else if k == "size" {
             propstr::parse_size(&v).map_or(v, |b| b.to_string())
@@ -104,7 +89,7 @@ pub fn canonical(key: &str, value: &str) -> String {
     if key == "tags" {
         return unique_tags(value);
     }
-    if BOOL_OPTIONS.contains(&key) {
+    if is_bool_option(key) {
         return bool_text(value).map_or(value.to_string(), str::to_string);
     }
     if ["memory", "swap", "cores", "cpuunits"].contains(&key) {
@@ -166,7 +151,7 @@ pub fn same(key: &str, want: &str, have: Option<&str>) -> bool {
             }
             w.remove("volume");
             let want_bytes = (gib * (1u64 << 30) as f64) as u64;
-            if h.remove("size").and_then(|s| s.parse::<u64>().ok()) != Some(want_bytes) {
+            if h.remove("size").and_then(|s| propstr::parse_size(&s)) != Some(want_bytes) {
                 return false;
             }
         }
@@ -245,5 +230,15 @@ mod tests {
             Some("1.1.1.1,8.8.8.8")
         ));
         assert!(!same("memory", "2048", None));
+    }
+
+    #[test]
+    fn defaults_are_proxmox_defaults() {
+        // `console` defaults to 1: a wanted `console: 0` against a config without the key
+        // is a change, not converged.
+        assert!(!same("console", "0", None));
+        assert!(same("console", "1", None));
+        assert!(same("mp0", "/srv,mp=/x,keepattrs=0", Some("/srv,mp=/x")));
+        assert!(!same("mp0", "/srv,mp=/x,keepattrs=1", Some("/srv,mp=/x")));
     }
 }

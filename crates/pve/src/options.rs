@@ -3,67 +3,218 @@
 use serde_json::{Value, json};
 
 use crate::config::split_list;
-
-const INTEGER: &[&str] = &["cores", "cpuunits", "memory", "swap", "tty"];
-const BOOLEAN: &[&str] = &[
-    "console",
-    "debug",
-    "onboot",
-    "protection",
-    "template",
-    "unprivileged",
-];
-const NUMBER: &[&str] = &["cpulimit"];
+use crate::error::Invalid;
+use crate::formats;
+use crate::propstr::{self, Kind};
+use crate::version::Version;
 
 /// A config value as the API returns it (integers and booleans as numbers).
 pub fn to_json(key: &str, value: &str) -> Value {
-    if INTEGER.contains(&key) || BOOLEAN.contains(&key) {
-        if let Ok(n) = value.parse::<i64>() {
-            return json!(n);
+    match schema(key, Version::Pve9) {
+        Some(Schema::Plain(Kind::Int(..) | Kind::Bool)) => {
+            if let Ok(n) = value.parse::<i64>() {
+                return json!(n);
+            }
         }
-    } else if NUMBER.contains(&key)
-        && let Ok(n) = value.parse::<f64>()
-    {
-        return json!(n);
+        Some(Schema::Plain(Kind::Number | Kind::NumberIn(..))) => {
+            if let Ok(n) = value.parse::<f64>() {
+                return json!(n);
+            }
+        }
+        _ => {}
     }
     Value::String(value.to_string())
 }
 
-/// The type check Proxmox makes on an option's value (kept here so the lab checks the common
-/// options even when the official schema is not available).
-pub fn check_type(key: &str, value: &str) -> Result<(), crate::error::Invalid> {
-    let ok = if INTEGER.contains(&key) {
-        value.trim().parse::<i64>().is_ok()
-    } else if BOOLEAN.contains(&key) {
-        value == "0" || value == "1"
-    } else if NUMBER.contains(&key) {
-        value.trim().parse::<f64>().is_ok()
-    } else {
-        return Ok(());
-    };
-    let ty = if INTEGER.contains(&key) {
-        "integer"
-    } else if BOOLEAN.contains(&key) {
-        "boolean"
-    } else {
-        "number"
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(crate::error::Invalid(format!(
-            "type check ('{ty}') failed - got '{value}'"
-        )))
+/// The options of a container config (`$confdesc` of pve-container's `LXC/Config.pm`)
+/// other than the indexed ones (`netN`, `mpN`, `devN`, `unusedN`), with their checks;
+/// `true` marks an option PVE 8 does not know.
+const CONFDESC: &[(&str, Kind, bool)] = &[
+    (
+        "arch",
+        Kind::Enum(&["amd64", "i386", "arm64", "armhf", "riscv32", "riscv64"]),
+        false,
+    ),
+    ("cmode", Kind::Enum(&["shell", "console", "tty"]), false),
+    ("console", Kind::Bool, false),
+    ("cores", Kind::Int(Some(1), Some(8192)), false),
+    ("cpulimit", Kind::NumberIn(Some(0), Some(8192)), false),
+    ("cpuunits", Kind::Int(Some(0), Some(500000)), false),
+    ("debug", Kind::Bool, false),
+    ("description", Kind::Text, false),
+    ("entrypoint", Kind::Pattern(no_control_chars), true),
+    ("env", Kind::Pattern(env_list), true),
+    ("features", Kind::Text, false),
+    ("hookscript", Kind::Format(formats::volume_id), false),
+    ("hostname", Kind::Format(formats::dns_name), false),
+    (
+        "lock",
+        Kind::Enum(&[
+            "backup",
+            "create",
+            "destroyed",
+            "disk",
+            "fstrim",
+            "migrate",
+            "mounted",
+            "rollback",
+            "snapshot",
+            "snapshot-delete",
+        ]),
+        false,
+    ),
+    ("memory", Kind::Int(Some(16), None), false),
+    ("nameserver", Kind::Format(ip_list), false),
+    ("onboot", Kind::Bool, false),
+    (
+        "ostype",
+        Kind::Enum(&[
+            "debian",
+            "devuan",
+            "ubuntu",
+            "centos",
+            "fedora",
+            "opensuse",
+            "archlinux",
+            "alpine",
+            "gentoo",
+            "nixos",
+            "unmanaged",
+        ]),
+        false,
+    ),
+    ("parent", Kind::Format(formats::configid), false),
+    ("protection", Kind::Bool, false),
+    ("rootfs", Kind::Text, false),
+    ("searchdomain", Kind::Format(dns_name_list), false),
+    ("snaptime", Kind::Int(Some(0), None), false),
+    ("startup", Kind::Format(formats::startup_order), false),
+    ("swap", Kind::Int(Some(0), None), false),
+    ("tags", Kind::Format(tag_list), false),
+    ("template", Kind::Bool, false),
+    ("timezone", Kind::Format(formats::ct_timezone), false),
+    ("tty", Kind::Int(Some(0), Some(6)), false),
+    ("unprivileged", Kind::Bool, false),
+];
+
+fn no_control_chars(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b == b'\t' || !(b < 0x20 || b == 0x7f))
+}
+
+fn env_list(s: &str) -> bool {
+    s.split('\0').all(|var| {
+        var.split_once('=').is_some_and(|(name, value)| {
+            !name.is_empty()
+                && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+                && value
+                    .bytes()
+                    .all(|b| b == b'\t' || !(b < 0x20 || b == 0x7f))
+        })
+    })
+}
+
+fn ip_list(s: &str) -> formats::Check {
+    formats::list(s, formats::ip_with_ll_iface)
+}
+
+fn dns_name_list(s: &str) -> formats::Check {
+    formats::list(s, formats::dns_name)
+}
+
+fn tag_list(s: &str) -> formats::Check {
+    formats::list(s, formats::tag)
+}
+
+/// What `version` checks an option's value against: a property-string format, or a kind.
+#[derive(Debug, Clone, Copy)]
+pub enum Schema {
+    /// A property string (`netN`, `mpN`, `rootfs`, `devN`, `features`, `unusedN`).
+    Hash(propstr::Format),
+    /// A plain value.
+    Plain(Kind),
+}
+
+/// The schema of an option `version` knows, or `None` (`unknown setting`).
+pub fn schema(key: &str, version: Version) -> Option<Schema> {
+    if let Some(fmt) = propstr::format_of(key) {
+        return Some(Schema::Hash(fmt));
+    }
+    CONFDESC
+        .iter()
+        .find(|(k, _, since9)| *k == key && (version >= Version::Pve9 || !since9))
+        .map(|(_, kind, _)| Schema::Plain(*kind))
+}
+
+/// `PVE::LXC::Config::check_type`, as reading a config types each value: booleans as
+/// `1`/`0`, integers without leading zeros, formats checked (not patterns, ranges or
+/// enumerations); the typed value, or Proxmox's message.
+pub fn check_type(key: &str, value: &str, version: Version) -> Result<String, Invalid> {
+    let schema = schema(key, version).ok_or_else(|| Invalid(format!("unknown setting '{key}'")))?;
+    if value.contains(['\n', '\r']) {
+        return Err(Invalid("property contains a line feed".into()));
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match schema {
+        Schema::Hash(fmt) => propstr::parse_for(&fmt, value, version)
+            .map(|_| value.to_string())
+            .map_err(|e| Invalid(e.to_string().trim_end().to_string())),
+        Schema::Plain(Kind::Bool) => propstr::parse_boolean(value)
+            .map(str::to_string)
+            .ok_or_else(|| Invalid(format!("type check ('boolean') failed - got '{value}'"))),
+        Schema::Plain(Kind::Int(..)) if digits(value) => {
+            let trimmed = value.trim_start_matches('0');
+            Ok(if trimmed.is_empty() { "0" } else { trimmed }.to_string())
+        }
+        Schema::Plain(Kind::Int(..)) => Err(Invalid(format!(
+            "type check ('integer') failed - got '{value}'"
+        ))),
+        Schema::Plain(Kind::Number | Kind::NumberIn(..)) => {
+            let (int, frac) = value.split_once('.').unwrap_or((value, "0"));
+            if digits(int) && digits(frac) {
+                Ok(value.to_string())
+            } else {
+                Err(Invalid(format!(
+                    "type check ('number') failed - got '{value}'"
+                )))
+            }
+        }
+        Schema::Plain(Kind::Format(check)) => {
+            check(value).map(|_| value.to_string()).map_err(Invalid)
+        }
+        Schema::Plain(_) => Ok(value.to_string()),
     }
 }
 
-/// Type checks of all options; the errors as a 400 would carry them.
+/// What the API's parameter check (`PVE::JSONSchema::validate`) says of one option's
+/// value, in Proxmox's words, or `None` when it passes: an unknown option, a type, a
+/// format, a pattern, a range, an enumeration, or a property string's keys.
+pub fn verify(key: &str, value: &str, version: Version) -> Option<String> {
+    match schema(key, version)? {
+        Schema::Hash(fmt) => propstr::parse_for(&fmt, value, version)
+            .err()
+            .map(|e| format!("invalid format - {e}")),
+        Schema::Plain(kind) => propstr::check_value(kind, value).err(),
+    }
+}
+
+/// The type checks of API parameters: booleans must be `0`/`1` (PVE 9's rules).
 pub fn check_types(
     opts: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), crate::error::ApiError> {
     let errors: std::collections::BTreeMap<String, String> = opts
         .iter()
-        .filter_map(|(k, v)| check_type(k, v).err().map(|e| (k.clone(), e.0)))
+        .filter_map(|(k, v)| {
+            let kind = match schema(k, Version::Pve9)? {
+                Schema::Plain(
+                    kind @ (Kind::Bool | Kind::Int(..) | Kind::Number | Kind::NumberIn(..)),
+                ) => kind,
+                _ => return None,
+            };
+            propstr::check_value(kind, v)
+                .err()
+                .filter(|e| e.starts_with("type check"))
+                .map(|e| (k.clone(), e))
+        })
         .collect();
     if errors.is_empty() {
         Ok(())

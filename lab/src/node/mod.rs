@@ -65,7 +65,13 @@ impl Node {
                 )));
             }
         };
-        CtConfig::parse(&raw).map_err(|e| ApiError::die(format!("vm {vmid} - {e}")))
+        // As a node reads it: a line Proxmox cannot read is dropped with a warning (in the
+        // server's log), not fatal to the file.
+        let (conf, warnings) = CtConfig::read(&raw, vmid, crate::pve::Version::Pve9);
+        for w in warnings {
+            eprintln!("pve-lab: {w}");
+        }
+        Ok(conf)
     }
 
     /// Writes a container's config atomically (write, then rename).

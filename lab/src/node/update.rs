@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{ApiError, ApiResult};
 use crate::pve::config::CtConfig;
+use crate::pve::formats as pve_formats;
 use crate::pve::options::{MountKind, indexed, is_mount_key, new_disk, unique_tags};
 use crate::pve::propstr;
 
@@ -110,6 +111,17 @@ impl Node {
                 )));
             } else if opt == "tags" {
                 value = unique_tags(&value);
+            } else if opt == "nameserver" || opt == "searchdomain" {
+                // `verify_nameserver_list` / `verify_searchdomain_list`: joined by spaces.
+                let list = crate::pve::config::split_list(&value);
+                if opt == "nameserver"
+                    && let Some(e) = list
+                        .iter()
+                        .find_map(|s| pve_formats::ip_with_ll_iface(s).err())
+                {
+                    return Err(ApiError::die(e));
+                }
+                value = list.join(" ");
             } else if let Some(fmt) = propstr::format_of(opt) {
                 let parsed = propstr::parse(&fmt, &value)
                     .map_err(|e| ApiError::die(format!("{opt}: {e}")))?;

@@ -340,14 +340,14 @@ fn put_config(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
     crate::pve::options::check_types(&set)?;
     let conf = app.node.load(vmid)?;
     let unprivileged = conf.get("unprivileged") == Some("1");
-    check_modify(
-        &ctx.user,
+    // As `PUT .../config`: the delete list, the revert list, then the new values.
+    crate::pve::perms::Modify {
         vmid,
-        Some(&conf.main.props),
-        &set,
-        &delete,
+        oldconf: Some(&conf.main.props),
         unprivileged,
-    )?;
+        version: crate::pve::Version::Pve9,
+    }
+    .check_update(&ctx.user, &ctx.user, &set, &delete, &revert)?;
     let upd = ConfigUpdate {
         set,
         delete,
