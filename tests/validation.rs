@@ -530,3 +530,57 @@ fn duplicate_vmid_in_a_cluster() {
     );
     check(&apart).unwrap();
 }
+
+/// The position of `needle`'s first character in llm-two after replacing `from` by `to`.
+fn pos_after(from: &str, to: &str, needle: &str) -> String {
+    let text = LLM_TWO.replacen(from, to, 1);
+    let line = text
+        .lines()
+        .position(|l| l.contains(needle))
+        .expect("needle")
+        + 1;
+    let col = text
+        .lines()
+        .nth(line - 1)
+        .and_then(|l| l.find(needle))
+        .expect("col")
+        + 1;
+    format!("inventory/llm-two.yaml:{line}:{col}")
+}
+
+#[test]
+fn values_proxmox_refuses_are_refused_in_its_words() {
+    // Each is what the oracle's fixtures record Proxmox answering (crates/pve/tests/oracle.rs).
+    let cases = [
+        (
+            "            gateway: 10.1.230.1\n",
+            "            gateway: 10.1.230.1\n            vlan: 5000\n",
+            "5000",
+            "Proxmox refuses `tag=5000`: value must have a maximum value of 4094",
+        ),
+        (
+            "ip: 10.1.230.174/24",
+            "ip: 10.1.230.174/4",
+            "10.1.230.174/4",
+            "Proxmox refuses `ip=10.1.230.174/4`: value does not look like a valid ipv4 network configuration",
+        ),
+        (
+            "        vmid: 129\n",
+            "        vmid: 129\n        hostname: llm_two\n",
+            "llm_two",
+            "Proxmox refuses `hostname: llm_two`: invalid format - value does not look like a valid DNS name",
+        ),
+        (
+            "        onboot: true\n",
+            "        onboot: true\n        nameservers: [garbage]\n",
+            "garbage",
+            "Proxmox refuses `nameserver: garbage`: value does not look like a valid IP address",
+        ),
+    ];
+    for (from, to, at, words) in cases {
+        let e = broken(from, to);
+        assert!(e.contains(words), "{to}: {e}");
+        assert!(e.contains(&pos_after(from, to, at)), "{to}: {e}");
+        assert!(e.contains("this is what Proxmox VE answers for it"), "{e}");
+    }
+}

@@ -52,6 +52,7 @@ impl Validator<'_> {
                 "Proxmox allocates container disks in GiB, e.g. `200G`",
             );
         }
+        self.proxmox_values(ct);
         self.network(name, ct);
         self.mounts(ct);
         self.gpus(ct);

@@ -5,6 +5,7 @@
 
 mod container;
 mod node;
+mod proxmox;
 mod service;
 mod software;
 
