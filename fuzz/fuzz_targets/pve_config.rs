@@ -19,6 +19,11 @@ fn property_string(key: &str, fmt: &Format, value: &str) {
     let printed = propstr::print(fmt, &map);
     let again = propstr::parse(fmt, &printed)
         .unwrap_or_else(|e| panic!("{value:?} printed as {printed:?}, which fails: {e}"));
+    // As Proxmox, a size is printed in its largest even unit (`8192M` as `8G`).
+    let mut map = map;
+    if let Some(bytes) = map.get("size").and_then(|s| propstr::parse_size(s)) {
+        map.insert("size".into(), propstr::format_size(bytes));
+    }
     assert_eq!(map, again, "{value:?} printed as {printed:?}");
     let canonical = normalize::canonical(key, value);
     if let Err(e) = propstr::parse(fmt, &canonical) {
@@ -68,7 +73,8 @@ fn option(key: &str, value: &str) {
     let _ = normalize::canonical(key, value);
     let _ = normalize::same(key, value, Some(value));
     let _ = normalize::same(key, value, None);
-    let _ = options::check_type(key, value);
+    let _ = options::check_type(key, value, pve::Version::Pve9);
+    let _ = options::verify(key, value, pve::Version::Pve8);
     let _ = options::to_json(key, value);
     let _ = options::new_disk(value);
     let _ = options::MountKind::of(value);

@@ -310,7 +310,7 @@ pub fn is_number(v: &str) -> bool {
         Some((a, b)) => (digits(a) && (b.is_empty() || digits(b))) || (a.is_empty() && digits(b)),
         None => digits(mant),
     };
-    mant_ok && exp.is_none_or(|e| is_integer(e))
+    mant_ok && exp.is_none_or(is_integer)
 }
 
 /// `check_prop` for one present value: the type, then the format or pattern, the range,
