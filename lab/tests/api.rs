@@ -588,3 +588,41 @@ fn every_node_of_the_cluster_is_listed_and_reached() {
         assert!(want.iter().any(|n| vm["node"] == n.as_str()), "{vm}");
     }
 }
+
+/// Every create that Proxmox refuses root's token (not privilege-separated, so every
+/// privilege) in the oracle's fixtures (`crates/pve/tests/fixtures/oracle/perm.jsonl`, PVE
+/// 9), sent to the lab with the lab's root token: the same 403 and the same words.
+#[test]
+fn root_token_refusals_are_proxmox_s_own() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crates/pve/tests/fixtures/oracle/perm.jsonl");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut checked = 0;
+    for line in text.lines() {
+        let case: Value = serde_json::from_str(line).unwrap();
+        let req = &case["req"];
+        let want = &case["pve9"];
+        if req["authuser"] != "root@pam!provision" || req["mode"] != "raw" || want["status"] != 403
+        {
+            continue;
+        }
+        let mut p = create_params(9078);
+        p.retain(|(k, _)| k != "unprivileged");
+        p.push(("unprivileged".into(), req["unprivileged"].to_string()));
+        for (k, v) in req["set"].as_object().unwrap() {
+            p.retain(|(pk, _)| pk != k);
+            p.push((k.clone(), v.as_str().unwrap().to_string()));
+        }
+        let e = api()
+            .call("POST", &node("/lxc"), &refs(&p))
+            .expect_err(case["id"].as_str().unwrap());
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (403, want["error"].as_str().unwrap()),
+            "{}",
+            case["id"]
+        );
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} refusals in the fixtures");
+    assert!(!lab().dir().join("etc/pve/nodes/lab/lxc/9078.conf").exists());
+}
