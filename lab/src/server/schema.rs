@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::schema_format::check_named_format;
 
@@ -281,6 +281,12 @@ fn check_property_string(fmt: &Map<String, Value>, s: &str) -> Result<(), String
             .and_then(|p| p.get("alias"))
             .and_then(Value::as_str)
             .map_or(k.clone(), str::to_string);
+        // `parse_property_string` reads a boolean in any spelling (`keyctl=true`) as 1/0.
+        let boolean = fmt.get(&key).and_then(|p| p.get("type")) == Some(&json!("boolean"));
+        let v = match crate::pve::propstr::parse_boolean(&v) {
+            Some(b) if boolean => b.to_string(),
+            _ => v,
+        };
         if seen.insert(key, Value::String(v)).is_some() {
             return Err(format!(
                 "duplicate key in comma-separated list property: {k}"
