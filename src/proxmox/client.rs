@@ -214,6 +214,14 @@ impl NodeApi {
         Ok(self.version.get_or_init(|| v).clone())
     }
 
+    /// Whose rules apply on this node (`pve::Version`): its release when already read, else
+    /// PVE 9's (no call is made for it).
+    pub fn rules(&self) -> pve::Version {
+        self.version
+            .get()
+            .map_or(pve::Version::Pve9, |v| pve::Version::of_release(&v.version))
+    }
+
     /// How many calls this connection has made.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::Relaxed)

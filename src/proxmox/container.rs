@@ -267,14 +267,15 @@ fn root_only(
         token: Some("provision".into()),
     };
     let unprivileged = spec.get("unprivileged") != Some("0");
-    pve::perms::check_modify(
-        &token,
-        spec.vmid as u32,
-        old.as_ref(),
-        &newconf,
-        &delete,
+    // One call of `check_ct_modify_config_perm`, with root's token's privileges (all) and
+    // the node's version's rules.
+    pve::perms::Modify {
+        vmid: spec.vmid as u32,
+        oldconf: old.as_ref(),
         unprivileged,
-    )
+        version: api.rules(),
+    }
+    .check(&token, &pve::perms::AllPrivileges, &newconf, &delete)
     .map_err(|e| {
         // Names the steps that cannot run, not only Proxmox's first refusal.
         let steps: Vec<String> = spec
