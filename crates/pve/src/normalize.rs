@@ -47,12 +47,18 @@ fn propstr_default(key: &str, prop: &str) -> Option<&'static str> {
     }
 }
 
-/// Defaults of whole options: an absent option means this value.
+/// Defaults of whole options, as `$confdesc` declares them (`schema-keys.pl`, the same on
+/// PVE 8 and 9): an absent option means this value. `cpuunits` is left out (its default
+/// depends on the node's cgroup version), so an absent one is never taken for a wanted one.
 fn option_default(key: &str) -> Option<&'static str> {
     match key {
-        "onboot" | "protection" | "debug" | "template" => Some("0"),
+        "onboot" | "protection" | "debug" | "template" | "unprivileged" | "cpulimit" => Some("0"),
         // A container has a console unless `console: 0` says otherwise.
         "console" => Some("1"),
+        "memory" | "swap" => Some("512"),
+        "tty" => Some("2"),
+        "cmode" => Some("tty"),
+        "arch" => Some("amd64"),
         "features" | "tags" | "description" => Some(""),
         _ => None,
     }
@@ -238,6 +244,10 @@ mod tests {
         // is a change, not converged.
         assert!(!same("console", "0", None));
         assert!(same("console", "1", None));
+        assert!(same("unprivileged", "0", None));
+        assert!(same("memory", "512", None));
+        assert!(!same("memory", "2048", None));
+        assert!(!same("cpuunits", "100", None));
         assert!(same("mp0", "/srv,mp=/x,keepattrs=0", Some("/srv,mp=/x")));
         assert!(!same("mp0", "/srv,mp=/x,keepattrs=1", Some("/srv,mp=/x")));
     }
