@@ -24,6 +24,24 @@ pub fn root(lab: &Settings) -> PathBuf {
     lab.dir.join("gpu")
 }
 
+/// A `devN` value parsed as Proxmox parses it, where a path below the stand-in GPUs'
+/// `$LAB_GPU_ROOT/dev/` is checked as the same path below `/dev/` (Proxmox refuses a device
+/// path outside `/dev/`; the lab keeps its stand-ins out of the host's `/dev`).
+pub fn parse_dev(
+    lab: &Settings,
+    value: &str,
+) -> Result<std::collections::BTreeMap<String, String>, crate::pve::propstr::PropError> {
+    let stand_in = format!("{}/dev/", root(lab).display());
+    let checked = value.replacen(&stand_in, "/dev/", 1);
+    let mut dev = crate::pve::propstr::parse(&crate::pve::propstr::DEV, &checked)?;
+    if checked != value
+        && let Some(path) = dev.get_mut("path")
+    {
+        *path = path.replacen("/dev/", &stand_in, 1);
+    }
+    Ok(dev)
+}
+
 /// Makes the stand-in GPUs (idempotent: nodes already there with the right numbers stay).
 pub fn install(lab: &Settings) -> Result<PathBuf> {
     let root = root(lab);

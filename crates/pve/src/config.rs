@@ -86,13 +86,13 @@ enum Target {
     Snapshot(String),
 }
 
-/// One thing `parse_pct_config` says about a line: a line it drops or a value it cannot
-/// type (an error in strict mode), or a deprecation (a warning only).
+/// One thing `parse_pct_config` says about a line: a line it drops (`error`), or a value it
+/// cannot type or a deprecation (kept, with a warning).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Note {
     /// The text after `vm <vmid> - `.
     text: String,
-    /// Whether strict mode dies on it.
+    /// Whether the line is dropped.
     error: bool,
 }
 
@@ -191,9 +191,10 @@ fn option_line(line: &str) -> Option<(&str, &str)> {
 }
 
 impl CtConfig {
-    /// Parses a config as Proxmox's strict `parse_pct_config` does: the first line it would
-    /// drop or value it could not type is an error (a file that is rewritten must lose
-    /// nothing).
+    /// Parses a config for a rewrite: the first line Proxmox would drop (`unable to parse
+    /// config`, a refused `lxc.*` key, `delete:` outside pending) is an error, so a file that
+    /// is rewritten loses nothing; a value Proxmox cannot type is kept as written, as Proxmox
+    /// keeps it.
     pub fn parse(raw: &str) -> Result<CtConfig, crate::error::Invalid> {
         let (conf, notes) = Self::read_notes(raw, Version::Pve9);
         match notes.into_iter().find(|n| n.error) {
@@ -302,9 +303,10 @@ impl CtConfig {
             let value = match options::check_type(key, value, version) {
                 Ok(typed) => typed,
                 Err(e) => {
+                    // Kept as written, so nothing is lost by a rewrite: not an error here.
                     note(
                         format!("unable to parse value of '{key}' - {}", e.0.trim_end()),
-                        true,
+                        false,
                     );
                     value.to_string()
                 }

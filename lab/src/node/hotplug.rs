@@ -190,7 +190,7 @@ impl Node {
     }
 
     fn hotplug_dev(&self, vmid: u32, value: &str) -> ApiResult<()> {
-        let dev = propstr::parse(&propstr::DEV, value).map_err(ApiError::die)?;
+        let dev = crate::gpu::parse_dev(&self.lab, value).map_err(ApiError::die)?;
         let path = dev
             .get("path")
             .ok_or_else(|| ApiError::die("Path is not defined"))?;

@@ -102,7 +102,7 @@ pub fn render(lab: &Settings, vmid: u32, conf: &CtConfig) -> ApiResult<String> {
         } else if indexed(key, "mp") {
             mount_lines(&mut line, lab, key, value, unprivileged)?;
         } else if indexed(key, "dev") {
-            dev_lines(&mut line, key, value)?;
+            dev_lines(&mut line, lab, key, value)?;
         }
     }
     for (k, v) in &conf.main.lxc {
@@ -205,9 +205,14 @@ fn mount_lines(
     Ok(())
 }
 
-fn dev_lines(line: &mut impl FnMut(&str, &str), key: &str, value: &str) -> ApiResult<()> {
+fn dev_lines(
+    line: &mut impl FnMut(&str, &str),
+    lab: &Settings,
+    key: &str,
+    value: &str,
+) -> ApiResult<()> {
     let dev =
-        propstr::parse(&propstr::DEV, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
+        crate::gpu::parse_dev(lab, value).map_err(|e| ApiError::die(format!("{key}: {e}")))?;
     let path = dev.get("path").ok_or_else(|| {
         ApiError::die(format!("Path is not defined for passthrough device {key}"))
     })?;

@@ -123,8 +123,12 @@ impl Node {
                 }
                 value = list.join(" ");
             } else if let Some(fmt) = propstr::format_of(opt) {
-                let parsed = propstr::parse(&fmt, &value)
-                    .map_err(|e| ApiError::die(format!("{opt}: {e}")))?;
+                let parsed = if indexed(opt, "dev") {
+                    crate::gpu::parse_dev(&self.lab, &value)
+                } else {
+                    propstr::parse(&fmt, &value)
+                }
+                .map_err(|e| ApiError::die(format!("{opt}: {e}")))?;
                 if indexed(opt, "dev") && !parsed.contains_key("path") {
                     return Err(ApiError::die(format!(
                         "Path is not defined for passthrough device {opt}"
