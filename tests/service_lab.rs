@@ -180,6 +180,7 @@ impl Lab {
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
+          runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels }}
           sglang:
             repo: {mirror}/git/sglang.git

@@ -85,6 +85,14 @@ pub fn container_context(
             "index_url": index.and_then(|i| i.url.as_ref()).map(|u| u.to_string()),
             "extra_index_urls": index.map(|i| i.extra_urls.iter().map(|u| u.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
             "wheelhouse": index.and_then(|i| i.wheelhouse.as_ref()).map(|w| w.to_string()),
+            "find_links": index.map(|i| i.find_links.iter().map(|u| u.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+            "imports": env.imports.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+            // The C helper is compiled where the stack's compiler is installed.
+            "compile": env.runtime_packages.as_ref().is_none_or(|p| !p.is_empty()),
+            "runtime_packages": match &env.runtime_packages {
+                Some(p) => p.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                None => vec!["build-essential".into(), format!("python{}-dev", env.python), "libnuma1".into()],
+            },
             "sglang": env.sglang.as_ref().map(|s| json!({
                 "repo": s.repo.to_string(),
                 "revision": s.revision.to_string(),

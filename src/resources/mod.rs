@@ -9,6 +9,7 @@ pub mod directory;
 pub mod file;
 pub mod git_checkout;
 pub mod gpu_userspace;
+pub mod import_check;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
@@ -63,6 +64,8 @@ pub enum ResourceSpec {
     NvidiaHost(nvidia_host::NvidiaHostSpec),
     /// The NVIDIA userspace driver in a GPU container, at the node's module version.
     GpuUserspace(gpu_userspace::GpuUserspaceSpec),
+    /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
+    ImportCheck(import_check::ImportCheckSpec),
 }
 
 /// How a resource differs from what was read.
@@ -168,6 +171,7 @@ impl ResourceSpec {
             ResourceSpec::Template(r) => r,
             ResourceSpec::NvidiaHost(r) => r,
             ResourceSpec::GpuUserspace(r) => r,
+            ResourceSpec::ImportCheck(r) => r,
         }
     }
 

@@ -205,6 +205,9 @@ pub struct PipIndex {
     /// `--no-index --find-links` folder on the target.
     #[serde(default)]
     pub wheelhouse: Option<String>,
+    /// More `--find-links` (URLs or folders), beside the index.
+    #[serde(default)]
+    pub find_links: Vec<String>,
 }
 
 impl PipIndex {
@@ -218,6 +221,9 @@ impl PipIndex {
         }
         for u in &self.extra_index_urls {
             args.extend(["--extra-index-url".into(), u.clone()]);
+        }
+        for l in &self.find_links {
+            args.extend(["--find-links".into(), l.clone()]);
         }
         args
     }

@@ -423,6 +423,8 @@ pub enum Step {
         /// The version it installs.
         version: String,
     },
+    /// Import the stack's modules in a venv (and compile a C helper); record it.
+    ImportCheck(super::import_check::ImportCheckSpec),
     /// Download NVIDIA's `.run`, check its sha256 and run it without the kernel module.
     InstallUserspace {
         /// Where it is downloaded from.
@@ -472,6 +474,16 @@ impl Step {
             Step::InstallDriver { version, path, .. } => {
                 format!("install NVIDIA driver {version} ({path})")
             }
+            Step::ImportCheck(c) => format!(
+                "import {} in {}{}",
+                c.modules.join(", "),
+                c.venv,
+                if c.compile {
+                    " and compile a C helper against Python.h"
+                } else {
+                    ""
+                }
+            ),
             Step::InstallUserspace { version, url, .. } => {
                 format!("install NVIDIA userspace {version} without the kernel module ({url})")
             }
@@ -502,6 +514,7 @@ impl Step {
                 );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
+            Step::ImportCheck(c) => return super::import_check::run(c).map(|()| None),
             Step::WriteFile {
                 path,
                 content,
