@@ -213,3 +213,63 @@ fn a_kernel_built_for_cuda_12_fails_the_import_check_naming_its_library() {
     let (drift, _) = g.expect(&["check"], 2);
     assert!(drift.contains("import_check /opt/ml-env"), "{drift}");
 }
+
+/// The toolchain's packages (`scripts/lab-deps`: build-essential, python3.11-dev, libnuma1
+/// and what the template lacks of their dependencies) as a flat repository on the mirror;
+/// the sources line.
+fn toolchain_repo(g: &Guest) -> String {
+    let debs = std::path::Path::new("/var/cache/provision-lab/debs-toolchain");
+    assert!(
+        debs.is_dir(),
+        "{} is missing: run scripts/lab-deps",
+        debs.display()
+    );
+    host(&format!(
+        "mkdir -p {0}/apt && cp {1}/*.deb {0}/apt/ && cd {0}/apt && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null",
+        g.mirror_dir.display(),
+        debs.display()
+    ));
+    format!("deb [trusted=yes] {}/apt ./", g.mirror_url)
+}
+
+fn toolchain_inventory(g: &Guest, source: &str, runtime: &str) {
+    g.inventory(&format!(
+        "        apt_sources:
+          - {{ name: lab, line: \"{source}\" }}
+        roles: [ml-env]
+        ml_env:
+          path: /opt/ml-env
+          python: \"3.11\"
+{runtime}          index: {{ wheelhouse: /opt/wheels }}
+          imports: [json]
+"
+    ));
+}
+
+#[test]
+fn the_import_check_compiles_against_python_h_once_the_role_installs_the_toolchain() {
+    let g = Guest::new("pip-cc");
+    let source = toolchain_repo(&g);
+    g.sh("mkdir -p /opt/wheels");
+    // The lab template has no compiler and no Python.h: with only libnuma1 the C helper
+    // cannot be built, as Triton's could not.
+    toolchain_inventory(&g, &source, "          runtime_packages: [libnuma1]\n");
+    let (out, err) = g.expect(&["apply", "--yes"], 1);
+    let text = format!("{out}{err}");
+    assert!(
+        text.contains("compiling a C helper against Python.h in /opt/ml-env fails: no C compiler"),
+        "{text}"
+    );
+    // The role's default run-time packages: build-essential, python3.11-dev, libnuma1.
+    toolchain_inventory(&g, &source, "");
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(plan.contains("+ build-essential"), "{plan}");
+    assert!(plan.contains("+ python3.11-dev"), "{plan}");
+    let (out, err) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("Apply complete"), "{out}\n{err}");
+    assert!(
+        err.contains("import json in /opt/ml-env and compile a C helper against Python.h"),
+        "{err}"
+    );
+    g.expect(&["check"], 0);
+}
