@@ -228,9 +228,18 @@ impl PipIndex {
         args
     }
 
-    /// Where packages come from, in words, for plans.
-    pub fn source(&self) -> Option<&str> {
-        self.wheelhouse.as_deref().or(self.index_url.as_deref())
+    /// Where packages come from, in words, for plans: the index or wheelhouse, then every
+    /// extra index and find-links place.
+    pub fn source(&self) -> Option<String> {
+        let places: Vec<&str> = self
+            .wheelhouse
+            .as_deref()
+            .or(self.index_url.as_deref())
+            .into_iter()
+            .chain(self.extra_index_urls.iter().map(String::as_str))
+            .chain(self.find_links.iter().map(String::as_str))
+            .collect();
+        (!places.is_empty()).then(|| places.join(", "))
     }
 }
 
