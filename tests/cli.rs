@@ -161,7 +161,7 @@ fn offline_plan_json_is_stable_and_complete() {
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(typed.summary.create, 14);
+    assert_eq!(typed.summary.create, 16);
     insta::assert_json_snapshot!("plan_offline_llm_two_json", plan);
 }
 
@@ -445,7 +445,14 @@ resources:
     let r = run(&["plan", "--offline", "--json", inventory.to_str().unwrap()]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    let changes = plan["targets"][1]["changes"].as_array().unwrap();
+    // The container's guest: the target after the node's and the container's own.
+    let guest = plan["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"]["kind"] == "guest")
+        .unwrap();
+    let changes = guest["changes"].as_array().unwrap();
     let find = |address: &str| {
         changes
             .iter()

@@ -72,6 +72,7 @@ fn body(apt_line: &str, probe_version: &str) -> String {
           path: /opt/ml-env
           python: \"3.11\"
           packages: [provision-probe=={probe_version}]
+          runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels }}
 "
     )

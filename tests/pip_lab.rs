@@ -102,6 +102,7 @@ fn local_versions_converge(name: &str, source_of: fn(&Guest) -> Source) {
           path: /opt/ml-env
           python: \"3.11\"
           packages: [demo-pkg==1.0]
+          runtime_packages: []           # the lab mirror serves no compiler
           index: {}
 ",
         source.inventory
@@ -144,4 +145,131 @@ fn local_versions_from_a_wheelhouse_apply_once_and_check_clean() {
 #[test]
 fn local_versions_from_a_simple_index_apply_once_and_check_clean() {
     local_versions_converge("pip-index", simple_index);
+}
+
+/// The stand-in CUDA wheels (tests/support/cuda-wheels) on the lab mirror: a CUDA 13 runtime
+/// and PyPI's CUDA 12 kernel in the wheelhouse (copied into the container), the `+cu130`
+/// kernel on a find-links page (the mirror's directory listing).
+fn cuda_wheels(g: &Guest) {
+    host(&format!(
+        "python3 {}/tests/support/cuda-wheels/make_wheels.py {}/cuda >/dev/null && mkdir -p {}/opt/wheels && cp {1}/cuda/wheelhouse/*.whl {2}/opt/wheels/",
+        env!("CARGO_MANIFEST_DIR"),
+        g.mirror_dir.display(),
+        g.ct.rootfs().display()
+    ));
+    // The lab mirror is plain HTTP (SGLang's page is HTTPS): pip trusts it only when told.
+    let (ip, _) = g.lab.vars["LAB_BRIDGE_CIDR"].split_once('/').unwrap();
+    g.sh(&format!(
+        "printf '[global]\\ntrusted-host = {ip}\\n' > /etc/pip.conf"
+    ));
+}
+
+fn kernel_inventory(g: &Guest, kernel: &str, find_links: &str) {
+    g.inventory(&format!(
+        "        roles: [ml-env]
+        ml_env:
+          path: /opt/ml-env
+          python: \"3.11\"
+          packages: [lab-cuda-runtime==13.0, {kernel}]
+          runtime_packages: []           # the lab mirror serves no compiler
+          index: {{ wheelhouse: /opt/wheels, find_links: [{find_links}] }}
+          imports: [labkernel]
+"
+    ));
+}
+
+#[test]
+fn a_kernel_built_for_cuda_12_fails_the_import_check_naming_its_library() {
+    let g = Guest::new("pip-kernel");
+    cuda_wheels(&g);
+    let page = format!("{}/cuda/kernels-cu130/", g.mirror_url);
+    // Without the find-links page, as the editable install resolves it from PyPI: the
+    // CUDA 12 build. (With the page, pip takes `1.0+cu130` for `==1.0` too: the higher.)
+    kernel_inventory(&g, "labkernel==1.0", "");
+    let (plan, _) = g.expect(&["plan", "--detailed-exitcode"], 2);
+    assert!(plan.contains("+ import_check /opt/ml-env"), "{plan}");
+    let (out, err) = g.expect(&["apply", "--yes"], 1);
+    let text = format!("{out}{err}");
+    assert!(
+        text.contains(
+            "`import labkernel` fails in /opt/ml-env: ImportError: libcudart.so.12: cannot open shared object file"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("+cu130"),
+        "the hint names the CUDA 13 build: {text}"
+    );
+    // Not passed: the next plan runs it again.
+    g.expect(&["check"], 2);
+    // The CUDA 13 build, pinned from the find-links page.
+    kernel_inventory(&g, "labkernel==1.0+cu130", &page);
+    let (out, err) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("Apply complete"), "{out}\n{err}");
+    assert_eq!(installed(&g, "/opt/ml-env", "labkernel"), "1.0+cu130");
+    g.expect(&["check"], 0);
+    // A package changed by hand in the venv: checked again.
+    g.sh("/opt/ml-env/bin/pip install -q --no-index /opt/wheels/labkernel-1.0-py3-none-linux_x86_64.whl");
+    let (drift, _) = g.expect(&["check"], 2);
+    assert!(drift.contains("import_check /opt/ml-env"), "{drift}");
+}
+
+/// The toolchain's packages (`scripts/lab-deps`: build-essential, python3.11-dev, libnuma1
+/// and what the template lacks of their dependencies) as a flat repository on the mirror;
+/// the sources line.
+fn toolchain_repo(g: &Guest) -> String {
+    let debs = std::path::Path::new("/var/cache/provision-lab/debs-toolchain");
+    assert!(
+        debs.is_dir(),
+        "{} is missing: run scripts/lab-deps",
+        debs.display()
+    );
+    host(&format!(
+        "mkdir -p {0}/apt && cp {1}/*.deb {0}/apt/ && cd {0}/apt && dpkg-scanpackages --multiversion . /dev/null > Packages 2>/dev/null",
+        g.mirror_dir.display(),
+        debs.display()
+    ));
+    format!("deb [trusted=yes] {}/apt ./", g.mirror_url)
+}
+
+fn toolchain_inventory(g: &Guest, source: &str, runtime: &str) {
+    g.inventory(&format!(
+        "        apt_sources:
+          - {{ name: lab, line: \"{source}\" }}
+        roles: [ml-env]
+        ml_env:
+          path: /opt/ml-env
+          python: \"3.11\"
+{runtime}          index: {{ wheelhouse: /opt/wheels }}
+          imports: [json]
+"
+    ));
+}
+
+#[test]
+fn the_import_check_compiles_against_python_h_once_the_role_installs_the_toolchain() {
+    let g = Guest::new("pip-cc");
+    let source = toolchain_repo(&g);
+    g.sh("mkdir -p /opt/wheels");
+    // The lab template has no compiler and no Python.h: with only libnuma1 the C helper
+    // cannot be built, as Triton's could not.
+    toolchain_inventory(&g, &source, "          runtime_packages: [libnuma1]\n");
+    let (out, err) = g.expect(&["apply", "--yes"], 1);
+    let text = format!("{out}{err}");
+    assert!(
+        text.contains("compiling a C helper against Python.h in /opt/ml-env fails: no C compiler"),
+        "{text}"
+    );
+    // The role's default run-time packages: build-essential, python3.11-dev, libnuma1.
+    toolchain_inventory(&g, &source, "");
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(plan.contains("+ build-essential"), "{plan}");
+    assert!(plan.contains("+ python3.11-dev"), "{plan}");
+    let (out, err) = g.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("Apply complete"), "{out}\n{err}");
+    assert!(
+        err.contains("import json in /opt/ml-env and compile a C helper against Python.h"),
+        "{err}"
+    );
+    g.expect(&["check"], 0);
 }

@@ -79,6 +79,8 @@ struct Ct {
     gpu: bool,
     /// A create-only setting: changing it replaces the container.
     unprivileged: bool,
+    /// The GPU's userspace from this installer (`url`, `sha256`).
+    userspace: Option<(String, String)>,
 }
 
 impl Cli {
@@ -117,6 +119,7 @@ impl Cli {
             token: false,
             gpu: true,
             unprivileged: false,
+            userspace: None,
         }
     }
 
@@ -208,10 +211,10 @@ nodes:
             } else {
                 "password: { env: PVE_ROOT_PASSWORD }"
             },
-            gpus = if ct.gpu {
-                "        gpus: { devices: [1], method: lxc }\n        roles: [gpu-passthrough, app]\n"
-            } else {
-                "        roles: [app]\n"
+            gpus = match (ct.gpu, &ct.userspace) {
+                (true, None) => "        gpus: { devices: [1], method: lxc }\n        roles: [gpu-passthrough, app]\n".to_string(),
+                (true, Some((url, sha256))) => format!("        gpus: {{ devices: [1], method: lxc, userspace: {{ installer: {{ url: {url:?}, sha256: {sha256} }} }} }}\n        roles: [gpu-passthrough, app]\n"),
+                (false, _) => "        roles: [app]\n".to_string(),
             },
             public = public.trim(),
             key = key.display(),
@@ -687,4 +690,115 @@ fn a_saved_plan_builds_from_nothing_and_a_replace_builds_the_guest_again() {
     assert!(!out.contains("write /etc/app.conf"), "{out}");
     assert_eq!(cli.guest(&ct, "stat -c %Y.%i /etc/app.conf"), stamp);
     cli.expect(&["check"], 0);
+}
+
+/// Puts back a file of the lab node on drop (the stand-in module's version).
+struct Restore(PathBuf, String);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+    }
+}
+
+/// A stand-in NVIDIA installer of `version` on the lab mirror (tests/support/nvidia-userspace):
+/// its URL and sha256.
+fn stand_in_installer(lab: &LabEnv, version: &str) -> (String, String) {
+    let dir = Path::new(&lab.vars["LAB_MIRROR_DIR"]).join("nvidia");
+    let made = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/nvidia-userspace/make-run.sh"
+    ))
+    .arg(version)
+    .arg(&dir)
+    .output()
+    .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let file = format!("NVIDIA-Linux-x86_64-{version}.run");
+    let sum = Command::new("sha256sum")
+        .arg(dir.join(&file))
+        .output()
+        .unwrap();
+    let sha256 = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let base = lab.vars["LAB_MIRROR_URL"].trim_end_matches('/').to_string();
+    (format!("{base}/nvidia/{file}"), sha256)
+}
+
+#[test]
+fn the_userspace_follows_a_driver_change_on_the_node() {
+    let lab = lab();
+    let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
+    let original = std::fs::read_to_string(&module).expect("the lab node's stand-in module");
+    let _restore = Restore(module.clone(), original.clone());
+    // The captured H200 machine's module (tests/fixtures/gpu/h200x2/proc-driver-version.txt).
+    let old = "580.159.04";
+    assert!(original.contains(old), "{original}");
+    let new = "580.172.08";
+    let cli = Cli::new(lab);
+    let _gone = cleanup(&cli.lab, 9267);
+    let mut ct = cli.ct("pxc-nvidia", 9267, 247);
+    ct.userspace = Some(stand_in_installer(&cli.lab, old));
+    cli.write(&ct, true);
+    let plan = cli.expect(&["plan"], 0);
+    assert!(plan.contains("gpu_userspace"), "{plan}");
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(
+        out.contains(&format!(
+            "install NVIDIA userspace {old} without the kernel module"
+        )),
+        "{out}"
+    );
+    let smi = "nvidia-smi --query-gpu=driver_version --format=csv,noheader; readlink -f /usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    assert_eq!(
+        cli.guest(&ct, smi),
+        format!("{old}\n/usr/lib/x86_64-linux-gnu/libcuda.so.{old}\n")
+    );
+    cli.expect(&["check"], 0);
+
+    // The node's driver is upgraded (and the node rebooted): its module is another version.
+    std::fs::write(&module, original.replace(old, new)).unwrap();
+    let drift = cli.expect(&["check"], 2);
+    assert!(
+        changed(&drift, "libcuda.so.1", &format!("{old} -> {new}")),
+        "{drift}"
+    );
+    assert!(
+        drift.contains(&format!("the declared installer installs {old}")),
+        "{drift}"
+    );
+    // The lines are as declared: the version is the userspace's drift, not theirs.
+    assert!(!drift.contains("~ pve_lines"), "{drift}");
+    // An installer of the old version would install the mismatch again: refused.
+    let refused = cli.expect(&["apply", "--yes"], 1);
+    assert!(
+        refused.contains(&format!("NVIDIA-Linux-x86_64-{new}.run")),
+        "{refused}"
+    );
+    ct.userspace = Some(stand_in_installer(&cli.lab, new));
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(
+        out.contains(&format!(
+            "install NVIDIA userspace {new} without the kernel module"
+        )),
+        "{out}"
+    );
+    cli.expect(&["check"], 0);
+    assert_eq!(
+        cli.guest(&ct, smi),
+        format!("{new}\n/usr/lib/x86_64-linux-gnu/libcuda.so.{new}\n")
+    );
+    let old_files = cli.guest(
+        &ct,
+        "ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.159 || true",
+    );
+    assert_eq!(old_files.trim(), "0", "the earlier installation is removed");
 }

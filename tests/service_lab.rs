@@ -32,6 +32,8 @@ struct Lab {
     g: Guest,
     _shared: tempfile::TempDir,
     commit: String,
+    /// The container declares `gpus:` (the lab container has none to show).
+    gpus: std::cell::Cell<bool>,
 }
 
 /// A container with `/shared` holding a Qwen3.5-shaped model folder, and a mirror with the
@@ -61,6 +63,7 @@ fn lab(name: &str) -> Lab {
         g.mirror_dir.display()
     ));
     Lab {
+        gpus: std::cell::Cell::new(false),
         g,
         _shared: shared,
         commit,
@@ -147,8 +150,7 @@ impl Lab {
         };
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
-        gpus: {{ devices: [0] }}
-{ml_env}        models:
+{gpus}{ml_env}        models:
           qwen3.5-122b:
             repo: Qwen/Qwen3.5-122B-A10B
             path: /shared/models/Qwen3.5-122B-A10B
@@ -170,6 +172,11 @@ impl Lab {
             readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
 {extra}",
             ml_env = self.ml_env(),
+            gpus = if self.gpus.get() {
+                "        gpus: { devices: [0] }\n"
+            } else {
+                ""
+            },
         ));
     }
 
@@ -180,6 +187,7 @@ impl Lab {
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
+          runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels }}
           sglang:
             repo: {mirror}/git/sglang.git
@@ -734,4 +742,29 @@ resources:
         "/bin/sleep 200000 "
     );
     g.expect(&["check"], 0);
+}
+
+/// Issue 26: a GPU service in a container that shows no GPU (no NVIDIA userspace, no
+/// nvidia-smi) fails its preflight before the unit is written, instead of a warning.
+#[test]
+fn a_gpu_service_where_no_gpu_is_seen_fails_its_preflight() {
+    let l = lab("svc-nogpu");
+    l.gpus.set(true);
+    l.inventory(true, &[], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        err.contains("the service runs on GPUs, but nvidia-smi cannot run here"),
+        "{err}"
+    );
+    assert!(
+        l.g.ct
+            .ssh("test -e /etc/systemd/system/sglang-qwen.service")
+            .is_ok_and(|o| !o.status.success()),
+        "the unit was written despite the preflight"
+    );
+    // The same service without `gpus:` (a CPU-only stand-in): only a warning.
+    l.gpus.set(false);
+    l.inventory(true, &[], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(err.contains("the GPU count was not checked"), "{err}");
 }

@@ -584,3 +584,36 @@ fn values_proxmox_refuses_are_refused_in_its_words() {
         assert!(e.contains("this is what Proxmox VE answers for it"), "{e}");
     }
 }
+
+#[test]
+fn gpu_userspace_needs_one_pinned_source() {
+    let e = broken(
+        "              - nvidia-utils-580=580.95.05-0ubuntu1\n",
+        "              - nvidia-utils-580\n",
+    );
+    assert!(
+        e.contains("`nvidia-utils-580` is not pinned to a version"),
+        "{e}"
+    );
+    assert!(e.contains("Driver/library version mismatch"), "{e}");
+    let e = broken(
+        "            packages:\n              - libnvidia-compute-580=580.95.05-0ubuntu1\n              - nvidia-utils-580=580.95.05-0ubuntu1\n",
+        "            installer: { url: \"https://example.invalid/nvidia.run\", sha256: abc }\n",
+    );
+    assert!(
+        e.contains("the installer's file name does not say its version"),
+        "{e}"
+    );
+    assert!(
+        e.contains("the installer's sha256 is not 64 hex digits"),
+        "{e}"
+    );
+    let e = broken(
+        "            packages:\n              - libnvidia-compute-580=580.95.05-0ubuntu1\n              - nvidia-utils-580=580.95.05-0ubuntu1\n",
+        "            packages: []\n",
+    );
+    assert!(
+        e.contains("needs exactly one of `installer` and `packages`"),
+        "{e}"
+    );
+}

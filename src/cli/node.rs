@@ -151,6 +151,12 @@ pub fn gpu_checks(
         let Some(d) = desired.iter().find(|d| d.target == t.target) else {
             continue;
         };
+        // A container whose guest installs the userspace: a version other than the
+        // node's is that resource's drift (its apply reinstalls it), not the lines'.
+        let userspace_owned = desired.iter().any(|g| {
+            matches!(&g.target, Target::Guest { name, .. } if Some(name.as_str()) == container_name(&t.target))
+                && g.resources.iter().any(|r| matches!(r.spec, ResourceSpec::GpuUserspace(_)))
+        });
         for r in &d.resources {
             // Only passthrough lines are about GPUs (a token node's `root-only` lines are not).
             let ResourceSpec::PveLines(spec) = &r.spec else {
@@ -160,7 +166,11 @@ pub fn gpu_checks(
                 continue;
             }
             let want = gpu_check::expected(gpus, spec);
-            let view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
+            let mut view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
+            if userspace_owned {
+                view.drift
+                    .retain(|l| !l.starts_with(gpu_check::USERSPACE_DRIFT));
+            }
             printer.status(&format!("{}: GPUs: {}", t.target.heading(), view.summary));
             if view.drift.is_empty() {
                 continue;
@@ -187,6 +197,13 @@ pub fn gpu_checks(
         }
     }
     Ok(Plan::new(&plan.inventory, plan.mode, targets))
+}
+
+fn container_name(t: &Target) -> Option<&str> {
+    match t {
+        Target::Container { name, .. } => Some(name),
+        _ => None,
+    }
 }
 
 /// Refuses, before anything changes, a plan whose root-only lines cannot run: their node

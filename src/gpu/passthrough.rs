@@ -112,6 +112,7 @@ pub fn node_gpu_view(facts: &NodeFacts) -> NodeGpuView {
         minor_by_uuid,
         minor_by_index,
         device_nodes: facts.device_nodes.iter().map(|n| n.path.clone()).collect(),
+        driver: facts.driver.as_ref().map(|d| d.version.clone()),
     }
 }
 

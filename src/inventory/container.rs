@@ -304,6 +304,49 @@ pub struct Gpus {
     /// How the device nodes reach the container.
     #[serde(default)]
     pub method: Sp<GpuMethod>,
+    /// The NVIDIA userspace driver inside the container (`libcuda.so.1`,
+    /// `libnvidia-ml.so.1`, `nvidia-smi`), installed at exactly the node's kernel module
+    /// version. Passthrough brings device nodes only; without it nothing in the container
+    /// can use them.
+    pub userspace: Option<GpuUserspace>,
+}
+
+/// Where the container's NVIDIA userspace comes from: NVIDIA's `.run` installer, run with
+/// `--no-kernel-module --silent`, or distribution packages pinned to the node's version.
+/// Exactly one of the two.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuUserspace {
+    /// NVIDIA's installer for exactly the node's module version, e.g.
+    /// `https://us.download.nvidia.com/XFree86/Linux-x86_64/580.95.05/NVIDIA-Linux-x86_64-580.95.05.run`;
+    /// its file name carries the version it installs.
+    pub installer: Option<UserspaceInstaller>,
+    /// Debian packages pinned to exactly the node's version, e.g.
+    /// `libnvidia-compute-580=580.95.05-0ubuntu1` and `nvidia-utils-580=580.95.05-0ubuntu1`.
+    #[serde(default)]
+    pub packages: Vec<Sp<Text>>,
+}
+
+/// NVIDIA's `.run` file and its checksum.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserspaceInstaller {
+    /// Where the container downloads it from (http or https).
+    pub url: Sp<Text>,
+    /// Its sha256, hex; checked before it runs.
+    pub sha256: Sp<Text>,
+}
+
+impl UserspaceInstaller {
+    /// The version its file name says it installs (`NVIDIA-Linux-x86_64-<version>.run`).
+    pub fn version(&self) -> Option<String> {
+        let file = self.url.as_str().rsplit('/').next()?;
+        let v = file.strip_suffix(".run")?.rsplit('-').next()?;
+        (v.split('.').count() >= 2
+            && v.split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())))
+        .then(|| v.to_string())
+    }
 }
 
 /// How GPU device nodes are passed through.

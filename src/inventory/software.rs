@@ -253,6 +253,17 @@ pub struct MlEnv {
     pub index: Option<PackageIndex>,
     /// SGLang built from a git checkout.
     pub sglang: Option<SglangSource>,
+    /// Modules imported in the venv once everything is installed (e.g. `torch.cuda`,
+    /// `sgl_kernel`, `sglang.srt.server_args`), with a C helper compiled against
+    /// `Python.h` as Triton compiles one at its first kernel launch: a kernel built for
+    /// another CUDA, a missing library or a missing compiler fails here, naming it, before
+    /// the model download and the service.
+    #[serde(default)]
+    pub imports: Vec<Sp<Text>>,
+    /// Debian packages the stack needs at run time (Triton and FlashInfer compile with a
+    /// C compiler against `Python.h`); `[build-essential, python<X.Y>-dev, libnuma1]`
+    /// when not written.
+    pub runtime_packages: Option<Vec<Sp<Name>>>,
 }
 
 impl MlEnv {
@@ -273,6 +284,12 @@ pub struct PackageIndex {
     pub extra_urls: Vec<Sp<Text>>,
     /// A folder of wheels on the target (`pip --no-index --find-links`).
     pub wheelhouse: Option<Sp<AbsPath>>,
+    /// More places pip looks for wheels (`pip --find-links`): a URL of a page of links or
+    /// a folder on the target, e.g. SGLang's CUDA 13 kernel wheels
+    /// `https://sgl-project.github.io/whl/cu130/sglang-kernel/`; pin the build you want from
+    /// there in `packages` (`sglang-kernel==0.4.1+cu130`).
+    #[serde(default)]
+    pub find_links: Vec<Sp<Text>>,
 }
 
 /// SGLang from a git checkout, installed editable into the venv.

@@ -13,6 +13,8 @@ use crate::transport::{Transport, shell_quote};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const SMI_MARK: &str = "@@provision-smi";
+/// How a drift line about the container's userspace driver version begins.
+pub const USERSPACE_DRIFT: &str = "the container's userspace driver is";
 
 /// One device node the container should see.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +143,7 @@ fn compare(text: &str, gpus: &NodeGpus, want: &[Expected]) -> GpuView {
             Some(d) if smi == d => format!("driver {smi} = the node's module"),
             Some(d) => {
                 drift.push(format!(
-                    "the container's userspace driver is {smi}, the node's kernel module {d}"
+                    "{USERSPACE_DRIFT} {smi}, the node's kernel module {d}"
                 ));
                 format!("driver {smi} != {d}")
             }

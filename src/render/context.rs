@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::service::BuiltService;
-use crate::inventory::container::{Container, GpuMethod, GpuSelector, IpConfig};
+use crate::inventory::container::{Container, GpuMethod, GpuSelector, Gpus, IpConfig};
 use crate::inventory::node::Node;
 use crate::inventory::secret::{SecretRef, resolve_local};
 use crate::inventory::text::Name;
@@ -29,6 +29,9 @@ pub struct NodeGpuView {
     /// nodes (`nvidiactl`, `nvidia-uvm`, …) are passed only where they exist: Proxmox
     /// refuses to start a container whose `devN` names a missing node.
     pub device_nodes: Vec<String>,
+    /// The loaded kernel module's version (`/proc/driver/nvidia/version`), which the
+    /// containers' userspace must equal.
+    pub driver: Option<String>,
 }
 
 /// The major the NVIDIA driver registers its GPU and control nodes under; offline plans
@@ -82,6 +85,14 @@ pub fn container_context(
             "index_url": index.and_then(|i| i.url.as_ref()).map(|u| u.to_string()),
             "extra_index_urls": index.map(|i| i.extra_urls.iter().map(|u| u.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
             "wheelhouse": index.and_then(|i| i.wheelhouse.as_ref()).map(|w| w.to_string()),
+            "find_links": index.map(|i| i.find_links.iter().map(|u| u.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+            "imports": env.imports.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+            // The C helper is compiled where the stack's compiler is installed.
+            "compile": env.runtime_packages.as_ref().is_none_or(|p| !p.is_empty()),
+            "runtime_packages": match &env.runtime_packages {
+                Some(p) => p.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+                None => vec!["build-essential".into(), format!("python{}-dev", env.python), "libnuma1".into()],
+            },
             "sglang": env.sglang.as_ref().map(|s| json!({
                 "repo": s.repo.to_string(),
                 "revision": s.revision.to_string(),
@@ -135,10 +146,34 @@ pub fn container_context(
         "ml_env": ml_env,
         "gpus": ct.gpus.as_ref().map(|g| {
             let devices: Vec<GpuSelector> = g.devices.iter().map(|d| d.value.clone()).collect();
-            gpus_context(&devices, g.method.value, gpu_view)
+            let mut v = gpus_context(&devices, g.method.value, gpu_view);
+            v["userspace"] = userspace_context(g, node, gpu_view);
+            v
         }),
         "models": models,
         "services": services.iter().map(|s| &s.view).collect::<Vec<_>>(),
+    })
+}
+
+/// The `gpus.userspace` value: the version the container's NVIDIA userspace must be (the
+/// node's loaded module when read; offline, the node's `nvidia.driver` pin, else a
+/// placeholder) and where it comes from. `null` when the container declares none.
+fn userspace_context(g: &Gpus, node: &Node, view: Option<&NodeGpuView>) -> Value {
+    let Some(u) = &g.userspace else {
+        return Value::Null;
+    };
+    let version = view
+        .and_then(|v| v.driver.clone())
+        .or_else(|| node.nvidia.as_ref().map(|n| n.driver.to_string()))
+        .unwrap_or_else(|| unknown("the node's NVIDIA kernel module version"));
+    json!({
+        "version": version,
+        "installer": u.installer.as_ref().map(|i| json!({
+            "url": i.url.to_string(),
+            "sha256": i.sha256.to_string().to_ascii_lowercase(),
+            "version": i.version(),
+        })),
+        "packages": u.packages.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
     })
 }
 

@@ -222,6 +222,7 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
         model_path: model_path.clone(),
         tp: svc.tp.value,
         timeout_ms: PREFLIGHT_TIMEOUT_MS,
+        gpus: ct.gpus.is_some(),
     });
     let mut settings = argv.positions.clone();
     settings.extend(env_positions);

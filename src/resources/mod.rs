@@ -8,6 +8,8 @@ pub mod cuda;
 pub mod directory;
 pub mod file;
 pub mod git_checkout;
+pub mod gpu_userspace;
+pub mod import_check;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
@@ -60,6 +62,10 @@ pub enum ResourceSpec {
     Template(template::TemplateSpec),
     /// The node's NVIDIA driver side.
     NvidiaHost(nvidia_host::NvidiaHostSpec),
+    /// The NVIDIA userspace driver in a GPU container, at the node's module version.
+    GpuUserspace(gpu_userspace::GpuUserspaceSpec),
+    /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
+    ImportCheck(import_check::ImportCheckSpec),
 }
 
 /// How a resource differs from what was read.
@@ -164,6 +170,8 @@ impl ResourceSpec {
             ResourceSpec::ModelStorage(r) => r,
             ResourceSpec::Template(r) => r,
             ResourceSpec::NvidiaHost(r) => r,
+            ResourceSpec::GpuUserspace(r) => r,
+            ResourceSpec::ImportCheck(r) => r,
         }
     }
 

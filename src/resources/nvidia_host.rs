@@ -404,7 +404,7 @@ pub fn install_driver(
 }
 
 /// A [`HostError::Unexpected`] about `what`.
-fn unexpected(what: &str, detail: impl Into<String>) -> HostError {
+pub(crate) fn unexpected(what: &str, detail: impl Into<String>) -> HostError {
     HostError::Unexpected {
         what: what.to_string(),
         detail: detail.into(),

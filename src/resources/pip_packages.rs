@@ -205,6 +205,9 @@ pub struct PipIndex {
     /// `--no-index --find-links` folder on the target.
     #[serde(default)]
     pub wheelhouse: Option<String>,
+    /// More `--find-links` (URLs or folders), beside the index.
+    #[serde(default)]
+    pub find_links: Vec<String>,
 }
 
 impl PipIndex {
@@ -219,12 +222,24 @@ impl PipIndex {
         for u in &self.extra_index_urls {
             args.extend(["--extra-index-url".into(), u.clone()]);
         }
+        for l in &self.find_links {
+            args.extend(["--find-links".into(), l.clone()]);
+        }
         args
     }
 
-    /// Where packages come from, in words, for plans.
-    pub fn source(&self) -> Option<&str> {
-        self.wheelhouse.as_deref().or(self.index_url.as_deref())
+    /// Where packages come from, in words, for plans: the index or wheelhouse, then every
+    /// extra index and find-links place.
+    pub fn source(&self) -> Option<String> {
+        let places: Vec<&str> = self
+            .wheelhouse
+            .as_deref()
+            .or(self.index_url.as_deref())
+            .into_iter()
+            .chain(self.extra_index_urls.iter().map(String::as_str))
+            .chain(self.find_links.iter().map(String::as_str))
+            .collect();
+        (!places.is_empty()).then(|| places.join(", "))
     }
 }
 

@@ -3,8 +3,9 @@
 use std::collections::HashSet;
 
 use super::{VMID_RANGE, Validator};
-use crate::inventory::container::{Container, GpuSelector, IpConfig};
+use crate::inventory::container::{Container, GpuSelector, GpuUserspace, IpConfig};
 use crate::inventory::load::did_you_mean;
+use crate::inventory::spanned::Pos;
 use crate::inventory::text::Name;
 
 impl Validator<'_> {
@@ -154,6 +155,53 @@ impl Validator<'_> {
                 "GPUs are selected both by index and by UUID",
                 "use one kind; UUIDs stay stable when cards are added or moved",
             );
+        }
+        if let Some(u) = &gpus.userspace {
+            self.userspace(u, gpus.method.pos);
+        }
+    }
+
+    fn userspace(&mut self, u: &GpuUserspace, pos: Pos) {
+        match (&u.installer, u.packages.is_empty()) {
+            (None, true) | (Some(_), false) => self.err(
+                u.packages.first().map_or(pos, |p| p.pos),
+                "`gpus.userspace` needs exactly one of `installer` and `packages`",
+                "NVIDIA's .run (`installer: { url, sha256 }`) or the distribution's packages pinned to the node's version",
+            ),
+            _ => {}
+        }
+        if let Some(i) = &u.installer {
+            let url = i.url.as_str();
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                self.err(
+                    i.url.pos,
+                    format!("`{url}` is not an http(s) URL"),
+                    "the container downloads the installer over HTTP(S)",
+                );
+            } else if i.version().is_none() {
+                self.err(
+                    i.url.pos,
+                    "the installer's file name does not say its version",
+                    "NVIDIA names it NVIDIA-Linux-x86_64-<version>.run; provision compares that version with the node's kernel module",
+                );
+            }
+            let s = i.sha256.as_str();
+            if s.len() != 64 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
+                self.err(
+                    i.sha256.pos,
+                    "the installer's sha256 is not 64 hex digits",
+                    "write what `sha256sum NVIDIA-Linux-….run` prints",
+                );
+            }
+        }
+        for p in &u.packages {
+            if !p.as_str().contains('=') {
+                self.err(
+                    p.pos,
+                    format!("`{}` is not pinned to a version", p.as_str()),
+                    "pin it to the node's driver version, e.g. `libnvidia-compute-580=580.95.05-0ubuntu1`: a userspace of another version gives `Driver/library version mismatch`",
+                );
+            }
         }
     }
 

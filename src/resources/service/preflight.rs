@@ -29,6 +29,10 @@ pub struct Preflight {
     pub tp: u32,
     /// How long SGLang's parser may take (it imports torch: tens of seconds).
     pub timeout_ms: u64,
+    /// A GPU service (its container passes GPUs through): no `nvidia-smi`, no GPU it
+    /// lists, or no accelerator SGLang sees is a failure, not a warning.
+    #[serde(default)]
+    pub gpus: bool,
 }
 
 /// One thing that stops the deploy.
@@ -76,6 +80,9 @@ pub enum Problem {
     /// The NCCL all-reduce failed.
     #[error("{0}")]
     Nccl(NcclProblem),
+    /// A GPU service in a container that shows no usable GPU.
+    #[error("the service runs on GPUs, but {0}")]
+    NoGpu(String),
     /// Another process holds the port.
     #[error("port {port} is already in use by another process, not {unit}")]
     PortInUse {
@@ -234,14 +241,23 @@ fn architecture(model_path: &str) -> Result<Option<String>, Problem> {
     Ok(v["architectures"][0].as_str().map(str::to_string))
 }
 
-fn visible_gpus() -> Option<usize> {
-    let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
-    out.status.success().then(|| {
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.starts_with("GPU "))
-            .count()
-    })
+/// The GPUs `nvidia-smi -L` lists, or why it lists none.
+fn visible_gpus() -> Result<usize, String> {
+    let out = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .map_err(|e| format!("nvidia-smi cannot run here ({e}): the NVIDIA userspace is not installed (`gpus.userspace`)"))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        return Err(format!(
+            "nvidia-smi -L fails (exit {:?}): {text}",
+            out.status.code()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("GPU "))
+        .count())
 }
 
 fn unit_active(unit: &str) -> bool {
@@ -398,20 +414,21 @@ pub fn preflight(service: &ServiceSpec) -> Result<PreflightReport, PreflightErro
         .warnings
         .extend(warnings.into_iter().map(|w| w.message));
     match visible_gpus() {
-        Some(visible) if (check.tp as usize) > visible => problems.push(Problem::TooFewGpus {
+        Ok(visible) if (check.tp as usize) > visible => problems.push(Problem::TooFewGpus {
             tp: check.tp,
             visible,
         }),
         // The seeds lost ten minutes to a server hung at NCCL init: prove the GPUs can
         // all-reduce in this ml-env, with the service's environment, before restarting.
-        Some(_) if check.tp > 1 => match nccl(service, check) {
+        Ok(_) if check.tp > 1 => match nccl(service, check) {
             Ok(line) => report.warnings.push(line),
             Err(e) => problems.push(Problem::Nccl(e)),
         },
-        Some(_) => {}
-        None => report
+        Ok(_) => {}
+        Err(why) if check.gpus => problems.push(Problem::NoGpu(why)),
+        Err(why) => report
             .warnings
-            .push("nvidia-smi is not available here: the GPU count was not checked".into()),
+            .push(format!("{why}: the GPU count was not checked")),
     }
     if let Some(port) = service.readiness.as_ref().map(|r| r.port) {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -431,6 +448,7 @@ pub fn preflight(service: &ServiceSpec) -> Result<PreflightReport, PreflightErro
     {
         match run_parser(service, check) {
             Ok(None) => {}
+            Ok(Some(w)) if check.gpus => problems.push(Problem::NoGpu(w)),
             Ok(Some(w)) => report.warnings.push(w),
             Err(reason) => problems.push(Problem::Refused {
                 version: version.clone(),

@@ -20,6 +20,7 @@ use super::cuda::{self, CudaFact};
 use super::directory;
 use super::file::{self, PathFact};
 use super::git_checkout::{self, GitFact};
+use super::gpu_userspace::{self, UserspaceFact};
 use super::model::{self, ModelFact, ModelPull};
 use super::model_storage::{self, StorageFact};
 use super::nvidia_host::{self, NvidiaHostFact};
@@ -93,6 +94,8 @@ pub enum Probe {
         /// The properties to read.
         properties: Vec<String>,
     },
+    /// The NVIDIA userspace driver in a container: the versions its libraries resolve to.
+    GpuUserspace {},
     /// The node's NVIDIA side under its root.
     NvidiaHost {
         /// The node's root prefix (empty on real nodes).
@@ -128,6 +131,8 @@ pub enum Fact {
     ModelStorage(Option<StorageFact>),
     /// Answer to [`Probe::NvidiaHost`].
     NvidiaHost(Option<NvidiaHostFact>),
+    /// Answer to [`Probe::GpuUserspace`] (always `Some` when read).
+    GpuUserspace(Option<UserspaceFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -228,6 +233,10 @@ impl Facts {
         /// The node's NVIDIA side.
         nvidia_host, NvidiaHost, NvidiaHostFact
     );
+    accessor!(
+        /// A container's NVIDIA userspace.
+        gpu_userspace, GpuUserspace, UserspaceFact
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -269,6 +278,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
             properties,
         )?),
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
+        Probe::GpuUserspace {} => Fact::GpuUserspace(gpu_userspace::read()),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -413,6 +423,17 @@ pub enum Step {
         /// The version it installs.
         version: String,
     },
+    /// Import the stack's modules in a venv (and compile a C helper); record it.
+    ImportCheck(super::import_check::ImportCheckSpec),
+    /// Download NVIDIA's `.run`, check its sha256 and run it without the kernel module.
+    InstallUserspace {
+        /// Where it is downloaded from.
+        url: String,
+        /// Its sha256.
+        sha256: String,
+        /// The version it must leave installed.
+        version: String,
+    },
     /// Check out a commit of a repository (cloning first if needed), discarding local
     /// changes.
     GitCheckout {
@@ -453,6 +474,19 @@ impl Step {
             Step::InstallDriver { version, path, .. } => {
                 format!("install NVIDIA driver {version} ({path})")
             }
+            Step::ImportCheck(c) => format!(
+                "import {} in {}{}",
+                c.modules.join(", "),
+                c.venv,
+                if c.compile {
+                    " and compile a C helper against Python.h"
+                } else {
+                    ""
+                }
+            ),
+            Step::InstallUserspace { version, url, .. } => {
+                format!("install NVIDIA userspace {version} without the kernel module ({url})")
+            }
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -480,6 +514,7 @@ impl Step {
                 );
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
+            Step::ImportCheck(c) => return super::import_check::run(c).map(|()| None),
             Step::WriteFile {
                 path,
                 content,
@@ -512,6 +547,11 @@ impl Step {
                 sha256,
                 version,
             } => nvidia_host::install_driver(root, path, sha256, version),
+            Step::InstallUserspace {
+                url,
+                sha256,
+                version,
+            } => gpu_userspace::install(url, sha256, version),
             Step::CreateVenv {
                 path,
                 python,
