@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::apt;
+use super::apt_source;
 use super::container::PveContainerFact;
 use super::cuda::{self, CudaFact};
 use super::directory;
@@ -98,6 +99,11 @@ pub enum Probe {
         /// The node's root prefix (empty on real nodes).
         root: String,
     },
+    /// The fingerprints of the keys in an APT keyring.
+    AptKey {
+        /// The keyring file.
+        path: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -128,6 +134,8 @@ pub enum Fact {
     ModelStorage(Option<StorageFact>),
     /// Answer to [`Probe::NvidiaHost`].
     NvidiaHost(Option<NvidiaHostFact>),
+    /// Answer to [`Probe::AptKey`] (empty: a file holding no readable key).
+    AptKey(Option<Vec<String>>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -228,6 +236,10 @@ impl Facts {
         /// The node's NVIDIA side.
         nvidia_host, NvidiaHost, NvidiaHostFact
     );
+    accessor!(
+        /// An APT keyring's key fingerprints.
+        apt_key, AptKey, Vec<String>
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -269,6 +281,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
             properties,
         )?),
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
+        Probe::AptKey { path } => Fact::AptKey(apt_source::read_keyring(Path::new(path))?),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -356,6 +369,19 @@ pub enum Step {
         /// Permission bits.
         mode: u32,
     },
+    /// Write an APT repository's signing key, refused unless it has the pinned fingerprint.
+    AptKey {
+        /// The source's name, for messages.
+        source: String,
+        /// The keyring file.
+        path: String,
+        /// Where the target fetches the key.
+        url: Option<String>,
+        /// Or the key itself (base64), read on the workstation.
+        key: Option<String>,
+        /// The pinned fingerprint.
+        fingerprint: String,
+    },
     /// Install Debian packages in one non-interactive transaction.
     AptInstall {
         /// `name` or `name=version`.
@@ -432,6 +458,9 @@ impl Step {
             Step::WriteFile { path, .. } => format!("write {path}"),
             Step::Mkdir { path, .. } => format!("mkdir {path}"),
             Step::AptInstall { packages } => format!("apt-get install {}", packages.join(" ")),
+            Step::AptKey {
+                path, fingerprint, ..
+            } => format!("write key {fingerprint} to {path}"),
             Step::CreateVenv { path, python, .. } => format!("python{python} -m venv {path}"),
             Step::PipInstall {
                 venv,
@@ -500,6 +529,19 @@ impl Step {
                 mode,
             } => directory::mkdir(Path::new(path), owner, group, *mode),
             Step::AptInstall { packages } => apt::install(packages),
+            Step::AptKey {
+                source,
+                path,
+                url,
+                key,
+                fingerprint,
+            } => apt_source::install_key(
+                source,
+                path,
+                url.as_deref(),
+                key.as_deref(),
+                fingerprint,
+            ),
             Step::Zfs(z) => z.run(),
             Step::NodeUnit {
                 root,
