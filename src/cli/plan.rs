@@ -100,6 +100,7 @@ pub fn read_targets(
     }
     let (prepared, live) = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
+    let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets)?;
     let binary = Arc::new(AgentBinary::current()?);
     let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();

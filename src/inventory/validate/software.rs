@@ -3,9 +3,9 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Validator;
-use crate::inventory::container::Container;
 use crate::inventory::Pos;
 use crate::inventory::apt::AptRepository;
+use crate::inventory::container::Container;
 use crate::inventory::text::Name;
 use crate::resources::apt_source::{nvidia_distribution, openpgp};
 

@@ -183,16 +183,14 @@ impl Resource for AptSourceSpec {
                 let found = facts.apt_key(&self.key_probe())?;
                 let have = found.map(|f| f.join(" "));
                 let pin = openpgp::normalize(&k.fingerprint);
-                (found.map(Vec::as_slice) != Some(std::slice::from_ref(&pin))).then(
-                    || {
-                        let from = k.url.as_deref().or(k.file.as_deref()).unwrap_or("?");
-                        Attribute::change(
-                            "signed-by",
-                            have,
-                            Some(format!("{} (key {pin} from {from})", self.keyring())),
-                        )
-                    },
-                )
+                (found.map(Vec::as_slice) != Some(std::slice::from_ref(&pin))).then(|| {
+                    let from = k.url.as_deref().or(k.file.as_deref()).unwrap_or("?");
+                    Attribute::change(
+                        "signed-by",
+                        have,
+                        Some(format!("{} (key {pin} from {from})", self.keyring())),
+                    )
+                })
             }
             None => None,
         };
@@ -214,7 +212,10 @@ impl Resource for AptSourceSpec {
         {
             let text = match &k.file {
                 Some(f) => Some(std::fs::read(f).map_err(|e| {
-                    StepsError::Refused(format!("cannot read the key of APT source `{}` ({f}): {e}", self.name))
+                    StepsError::Refused(format!(
+                        "cannot read the key of APT source `{}` ({f}): {e}",
+                        self.name
+                    ))
                 })?),
                 None => None,
             };
@@ -222,7 +223,8 @@ impl Resource for AptSourceSpec {
                 source: self.name.clone(),
                 path: self.keyring(),
                 url: k.url.clone(),
-                key: text.map(|t| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, t)),
+                key: text
+                    .map(|t| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, t)),
                 fingerprint: k.fingerprint.clone(),
             });
         }
@@ -317,7 +319,10 @@ mod tests {
             nvidia_distribution("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"),
             Some("debian12")
         );
-        assert_eq!(nvidia_distribution("local:vztmpl/alpine-3.20-default.tar.xz"), None);
+        assert_eq!(
+            nvidia_distribution("local:vztmpl/alpine-3.20-default.tar.xz"),
+            None
+        );
     }
 
     #[test]

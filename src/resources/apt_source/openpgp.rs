@@ -121,7 +121,11 @@ fn packet(data: &[u8]) -> Result<(u8, usize, &[u8]), KeyError> {
             }
             255 => {
                 let b = data.get(2..6).ok_or_else(short)?;
-                (tag, 6, u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                (
+                    tag,
+                    6,
+                    u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize,
+                )
             }
             _ => return Err(KeyError("a packet has a partial length".into())),
         }
@@ -135,7 +139,11 @@ fn packet(data: &[u8]) -> Result<(u8, usize, &[u8]), KeyError> {
             }
             2 => {
                 let b = data.get(1..5).ok_or_else(short)?;
-                (tag, 5, u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                (
+                    tag,
+                    5,
+                    u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize,
+                )
             }
             _ => return Err(KeyError("a packet has an indeterminate length".into())),
         }
@@ -148,7 +156,8 @@ fn packet(data: &[u8]) -> Result<(u8, usize, &[u8]), KeyError> {
 fn fingerprint(body: &[u8]) -> Result<String, KeyError> {
     match body.first() {
         Some(4) => {
-            let len = u16::try_from(body.len()).map_err(|_| KeyError("a key is too long".into()))?;
+            let len =
+                u16::try_from(body.len()).map_err(|_| KeyError("a key is too long".into()))?;
             let mut h = sha1::Sha1::new();
             h.update([0x99]);
             h.update(len.to_be_bytes());
@@ -156,7 +165,8 @@ fn fingerprint(body: &[u8]) -> Result<String, KeyError> {
             Ok(hex::encode_upper(h.finalize()))
         }
         Some(6) => {
-            let len = u32::try_from(body.len()).map_err(|_| KeyError("a key is too long".into()))?;
+            let len =
+                u32::try_from(body.len()).map_err(|_| KeyError("a key is too long".into()))?;
             let mut h = sha2::Sha256::new();
             h.update([0x9b]);
             h.update(len.to_be_bytes());
@@ -188,9 +198,15 @@ mod tests {
     fn fingerprints_are_gpgs() {
         let rsa = keys(RSA).unwrap();
         assert_eq!(rsa.len(), 1);
-        assert_eq!(rsa[0].fingerprint, "A157F188ED03A751D72FF2697CD296340C000B5D");
+        assert_eq!(
+            rsa[0].fingerprint,
+            "A157F188ED03A751D72FF2697CD296340C000B5D"
+        );
         let ed = keys(ED).unwrap();
-        assert_eq!(ed[0].fingerprint, "16EDC3750535380DE4F567DC9D0E79D33AA7DACE");
+        assert_eq!(
+            ed[0].fingerprint,
+            "16EDC3750535380DE4F567DC9D0E79D33AA7DACE"
+        );
         // The binary form of a key is what its armor holds.
         assert_eq!(keys(&ed[0].bytes).unwrap(), ed);
     }

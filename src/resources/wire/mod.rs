@@ -535,13 +535,7 @@ impl Step {
                 url,
                 key,
                 fingerprint,
-            } => apt_source::install_key(
-                source,
-                path,
-                url.as_deref(),
-                key.as_deref(),
-                fingerprint,
-            ),
+            } => apt_source::install_key(source, path, url.as_deref(), key.as_deref(), fingerprint),
             Step::Zfs(z) => z.run(),
             Step::NodeUnit {
                 root,
