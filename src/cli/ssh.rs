@@ -9,7 +9,7 @@ use crate::inventory::Container;
 use crate::inventory::Loaded;
 use crate::inventory::node::SshTarget;
 use crate::inventory::secret::resolve_local;
-use crate::plan::Target;
+use crate::plan::{Action, Plan, Target};
 use crate::render::context::guest_host;
 use crate::resources::ResourceSpec;
 use crate::transport::Transport;
@@ -118,22 +118,23 @@ pub fn node_transport(
 }
 
 /// Gives each selected container's create the public keys provision will log in to its
-/// guest with (beside the inventory's `ssh_keys`), and refuses, before anything is read or
-/// changed, a container or guest provision has no key for.
+/// guest with (beside the inventory's `ssh_keys`). A container without any is refused by
+/// [`refuse_keyless_creates`] once the plan shows it would be created.
 pub fn with_login_keys(
     mut desired: Vec<DesiredTarget>,
     loaded: &Loaded,
     args: &TargetArgs,
-) -> anyhow::Result<Vec<DesiredTarget>> {
+) -> Vec<DesiredTarget> {
     for d in &mut desired {
-        let name = match &d.target {
-            Target::Container { name, .. } | Target::Guest { name, .. } => name.clone(),
-            Target::Node { .. } => continue,
-        };
-        let Some((_, _, ct)) = super::guest::find(loaded, &name) else {
+        let Target::Container { name, .. } = &d.target else {
             continue;
         };
-        let keys = guest_login_keys(loaded, &name, ct, args)?;
+        let Some((_, _, ct)) = super::guest::find(loaded, name) else {
+            continue;
+        };
+        let Ok(keys) = guest_login_keys(loaded, name, ct, args) else {
+            continue;
+        };
         for r in &mut d.resources {
             if let ResourceSpec::Container(spec) = &mut r.spec {
                 spec.add_login_keys(
@@ -143,5 +144,29 @@ pub fn with_login_keys(
             }
         }
     }
-    Ok(desired)
+    desired
+}
+
+/// Refuses, before anything changes, a plan that creates (or replaces) a container
+/// provision has no key to log in to: it would be made unreachable.
+pub fn refuse_keyless_creates(
+    plan: &Plan,
+    loaded: &Loaded,
+    args: &TargetArgs,
+) -> anyhow::Result<()> {
+    for t in &plan.targets {
+        let Target::Container { name, .. } = &t.target else {
+            continue;
+        };
+        for c in &t.changes {
+            if let ResourceSpec::Container(spec) = &c.spec
+                && matches!(c.action, Action::Create | Action::Replace)
+                && spec.login_keys.is_empty()
+                && let Some((_, _, ct)) = super::guest::find(loaded, name)
+            {
+                guest_login_keys(loaded, name, ct, args)?;
+            }
+        }
+    }
+    Ok(())
 }
