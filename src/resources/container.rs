@@ -544,16 +544,37 @@ mod tests {
         }
     }
 
-    /// Adds the keys provision logs in with (`(line, description)`) to those set at
-    /// creation, each once (compared by key, not comment).
-    pub fn add_login_keys(&mut self, keys: impl IntoIterator<Item = (String, String)>) {
-        let blob = |l: &str| l.split_whitespace().nth(1).map(str::to_string);
-        for (line, about) in keys {
-            if !self.ssh_public_keys.iter().any(|k| blob(k) == blob(&line)) {
-                self.ssh_public_keys.push(line);
-            }
-            self.login_keys.push(about);
-        }
+    #[test]
+    fn login_keys_are_added_once_and_named_in_the_create() {
+        let mut s = spec();
+        s.ssh_public_keys = vec!["ssh-ed25519 AAAAkey1 inventory".into()];
+        s.add_login_keys([
+            (
+                "ssh-ed25519 AAAAkey1 other-comment".into(),
+                "SHA256:a from identity file k.pub".into(),
+            ),
+            (
+                "ssh-ed25519 AAAAkey2 agent".into(),
+                "SHA256:b from ssh-agent at /s".into(),
+            ),
+        ]);
+        assert_eq!(
+            s.ssh_public_keys,
+            [
+                "ssh-ed25519 AAAAkey1 inventory",
+                "ssh-ed25519 AAAAkey2 agent"
+            ]
+        );
+        let d = s.create_delta();
+        let login = d
+            .attributes
+            .iter()
+            .find(|a| a.name == "login-keys")
+            .unwrap();
+        assert_eq!(
+            login.after.as_deref(),
+            Some("SHA256:a from identity file k.pub, SHA256:b from ssh-agent at /s")
+        );
     }
 
     fn found(running: bool) -> PveContainerFact {
