@@ -533,7 +533,10 @@ fn a_load_that_outlives_its_deadline_while_progressing_is_waited_for() {
     std::fs::write(&path, text.replace("deadline: 60s", "deadline: 6s")).unwrap();
     let (_, err) = l.g.expect(&["apply", "--yes"], 0);
     let took = deploy_seconds(&err);
-    assert!(took >= 15.0, "the load was not waited for: {took:.1}s\n{err}");
+    assert!(
+        took >= 15.0,
+        "the load was not waited for: {took:.1}s\n{err}"
+    );
     assert!(err.contains("ready after"), "{err}");
     assert!(l.serving());
 }

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod apply;
+pub mod assumed;
 pub mod check;
 pub mod gpu;
 pub mod guest;

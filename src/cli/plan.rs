@@ -117,6 +117,7 @@ pub fn read_targets(
     let mut read = read;
     super::node::refuse_root_only(&read.plan, &prepared.loaded, &conns)?;
     super::ssh::refuse_keyless_creates(&read.plan, &prepared.loaded, targets)?;
+    super::assumed::refuse_missing(&read.plan, &prepared.loaded, &conns, targets, printer)?;
     read.plan = super::node::gpu_checks(
         read.plan,
         &desired,

@@ -1,9 +1,14 @@
-//! A container provision creates gets the key provision logs in with, as llm-two needs:
-//! its inventory declares no `ssh_keys`. Through the CLI against the lab (its API, its
-//! node's SSH, real LXC): with only `ssh.identity_file` (a key this test makes, which the
-//! lab template does not hold), `apply` from an empty node creates, bootstraps and
-//! converges the guest; with no key at all (no identity file, no agent, nothing in
-//! ~/.ssh), `plan` refuses with a hint and nothing is created. Needs root and the lab.
+//! What llm-two's first real apply needs of the node and the workstation, through the CLI
+//! against the lab (its API, its node's SSH, real LXC):
+//! - a container provision creates gets the key provision logs in with (llm-two declares
+//!   no `ssh_keys`): with only `ssh.identity_file` (a key this test makes, which the lab
+//!   template does not hold), `apply` from an empty node creates, bootstraps and converges
+//!   the guest; with no key at all (no identity file, no agent, nothing in ~/.ssh), `plan`
+//!   refuses with a hint and nothing is created;
+//! - a rootfs storage the node does not have (`local-zfs` on a non-ZFS install) and a bind
+//!   mount's missing host directory are refused at `plan`, before anything is created.
+//!
+//! Needs root and the lab.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,7 +25,9 @@ struct Cleanup<'a>(&'a LabEnv, u32);
 
 impl Cleanup<'_> {
     fn run(&self) {
-        let api = self.0.root_api().unwrap();
+        let Ok(api) = self.0.root_api() else {
+            return;
+        };
         let base = format!("/nodes/{}/lxc/{}", self.0.node(), self.1);
         for (method, path) in [("POST", format!("{base}/status/stop")), ("DELETE", base)] {
             if let Ok(upid) = api.call(method, &path, &[]) {
@@ -217,4 +224,59 @@ fn no_key_to_log_in_with_is_refused_before_anything_is_created() {
     let conf =
         Path::new(&lab.vars["LAB_PVE_ROOT"]).join(format!("nodes/{}/lxc/9276.conf", lab.node()));
     assert!(!conf.exists(), "CT 9276 was created");
+}
+
+#[test]
+fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
+    let lab = lab();
+    let _guard = Cleanup(&lab, 9278);
+    _guard.run();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("guest_key");
+    assert!(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let inv = inventory(dir.path(), &lab, 9278, 238, Some(&key));
+    let present = dir.path().join("present");
+    std::fs::create_dir_all(&present).unwrap();
+    let text = std::fs::read_to_string(&inv).unwrap().replace(
+        "rootfs: { storage: local, size: 2G }",
+        &format!(
+            "rootfs: {{ storage: local-zfs, size: 2G }}\n        mounts:\n          - {{ host: {}, path: /present }}\n          - {{ host: /srv/provision-test-absent-9278, path: /shared }}",
+            present.display()
+        ),
+    );
+    std::fs::write(&inv, text).unwrap();
+    for verb in [&["plan"][..], &["apply", "--yes"][..]] {
+        let (code, out) = provision(&lab, dir.path(), verb, &inv);
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.contains(&format!(
+                "storage `local-zfs` does not exist on node `{}`",
+                lab.node()
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains("storages there that hold containers: local"),
+            "{out}"
+        );
+        assert!(
+            out.contains("host directory /srv/provision-test-absent-9278 does not exist"),
+            "{out}"
+        );
+        assert!(
+            !out.contains(&format!("host directory {} ", present.display())),
+            "{out}"
+        );
+        assert!(out.contains("inventory.yaml:"), "{out}");
+    }
+    let conf =
+        Path::new(&lab.vars["LAB_PVE_ROOT"]).join(format!("nodes/{}/lxc/9278.conf", lab.node()));
+    assert!(!conf.exists(), "CT 9278 was created");
 }
