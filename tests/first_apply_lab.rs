@@ -5,6 +5,9 @@
 //!   template does not hold), `apply` from an empty node creates, bootstraps and converges
 //!   the guest; with no key at all (no identity file, no agent, nothing in ~/.ssh), `plan`
 //!   refuses with a hint and nothing is created;
+//! - a privilege-separated API token (the lab's `root@pam!privsep`, granted VM and
+//!   datastore privileges but not `Sys.Modify`) is refused at `plan` for a privileged
+//!   container, naming the privilege read from the node; an unprivileged one plans;
 //! - a rootfs storage the node does not have (`local-zfs` on a non-ZFS install) and a bind
 //!   mount's missing host directory are refused at `plan`, before anything is created.
 //!
@@ -130,8 +133,18 @@ fn provision(lab: &LabEnv, home: &Path, args: &[&str], inventory: &Path) -> (i32
         .env("HOME", home)
         .env("NO_COLOR", "1")
         .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
-    for k in ["PVE_URL", "PVE_FINGERPRINT", "PVE_ROOT_PASSWORD"] {
-        cmd.env(k, &lab.vars[k]);
+    for k in [
+        "PVE_URL",
+        "PVE_FINGERPRINT",
+        "PVE_ROOT_PASSWORD",
+        "LAB_PRIVSEP_TOKEN",
+    ] {
+        cmd.env(
+            k,
+            lab.vars
+                .get(k)
+                .expect("the lab exports it (scripts/lab up)"),
+        );
     }
     let o: Output = cmd.output().unwrap();
     (
@@ -279,4 +292,54 @@ fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
     let conf =
         Path::new(&lab.vars["LAB_PVE_ROOT"]).join(format!("nodes/{}/lxc/9278.conf", lab.node()));
     assert!(!conf.exists(), "CT 9278 was created");
+}
+
+#[test]
+fn a_privilege_separated_token_lacking_sys_modify_is_refused_at_plan() {
+    let lab = lab();
+    let _guard = Cleanup(&lab, 9279);
+    _guard.run();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("guest_key");
+    assert!(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let inv = inventory(dir.path(), &lab, 9279, 239, Some(&key));
+    let text = std::fs::read_to_string(&inv).unwrap().replace(
+        "password: { env: PVE_ROOT_PASSWORD }",
+        "token: { env: LAB_PRIVSEP_TOKEN }",
+    );
+    std::fs::write(&inv, &text).unwrap();
+    for verb in [&["plan"][..], &["apply", "--yes"][..]] {
+        let (code, out) = provision(&lab, dir.path(), verb, &inv);
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.contains(&format!(
+                "the API token of node `{}` lacks 1 privilege(s) this plan needs",
+                lab.node()
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains("Sys.Modify on / (create a privileged container: `unprivileged: false`)"),
+            "{out}"
+        );
+        assert!(out.contains("--privsep 0"), "{out}");
+    }
+    let conf =
+        Path::new(&lab.vars["LAB_PVE_ROOT"]).join(format!("nodes/{}/lxc/9279.conf", lab.node()));
+    assert!(!conf.exists(), "CT 9279 was created");
+    // Unprivileged, the same token has every privilege the create needs: it plans.
+    std::fs::write(
+        &inv,
+        text.replace("unprivileged: false", "unprivileged: true"),
+    )
+    .unwrap();
+    let (code, out) = provision(&lab, dir.path(), &["plan", "--detailed-exitcode"], &inv);
+    assert_eq!(code, 2, "{out}");
 }

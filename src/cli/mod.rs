@@ -10,6 +10,7 @@ pub mod guest;
 pub mod model;
 pub mod node;
 pub mod plan;
+pub mod privileges;
 pub mod progress;
 pub mod render;
 pub mod schema;

@@ -118,6 +118,7 @@ pub fn read_targets(
     super::node::refuse_root_only(&read.plan, &prepared.loaded, &conns)?;
     super::ssh::refuse_keyless_creates(&read.plan, &prepared.loaded, targets)?;
     super::assumed::refuse_missing(&read.plan, &prepared.loaded, &conns, targets, printer)?;
+    super::privileges::refuse_missing(&read.plan, &prepared.loaded, &conns)?;
     read.plan = super::node::gpu_checks(
         read.plan,
         &desired,

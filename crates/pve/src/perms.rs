@@ -7,6 +7,101 @@ use crate::error::{ApiError, ApiResult};
 use crate::options::{MountKind, indexed, is_mount_key};
 use crate::propstr;
 
+/// The name of the lab's privilege-separated token (`root@pam!privsep`), Proxmox's default
+/// for a new token: it holds only what ACLs grant the token itself ([`PRIVSEP_GRANTS`]),
+/// never its user's privileges.
+pub const PRIVSEP_TOKEN: &str = "privsep";
+
+/// What the privilege-separated token is granted, by path (propagating): PVEVMAdmin on
+/// `/vms` and PVEDatastoreUser on `/storage`, as an operator grants a deployment token,
+/// without `Sys.Modify` on `/` (which a privileged container's create needs).
+pub const PRIVSEP_GRANTS: &[(&str, &[&str])] = &[
+    (
+        "/vms",
+        &[
+            "VM.Allocate",
+            "VM.Audit",
+            "VM.Config.CPU",
+            "VM.Config.Disk",
+            "VM.Config.Memory",
+            "VM.Config.Network",
+            "VM.Config.Options",
+            "VM.Console",
+            "VM.PowerMgmt",
+        ],
+    ),
+    ("/storage", &["Datastore.AllocateSpace", "Datastore.Audit"]),
+];
+
+/// Every privilege of Proxmox VE 9 (pve-access-control's `$privgroups`): what root holds.
+pub const ALL_PRIVILEGES: &[&str] = &[
+    "Datastore.Allocate",
+    "Datastore.AllocateSpace",
+    "Datastore.AllocateTemplate",
+    "Datastore.Audit",
+    "Group.Allocate",
+    "Mapping.Audit",
+    "Mapping.Modify",
+    "Mapping.Use",
+    "Pool.Allocate",
+    "Pool.Audit",
+    "Realm.Allocate",
+    "Realm.AllocateUser",
+    "SDN.Allocate",
+    "SDN.Audit",
+    "SDN.Use",
+    "Sys.AccessNetwork",
+    "Sys.Audit",
+    "Sys.Console",
+    "Sys.Incoming",
+    "Sys.Modify",
+    "Sys.PowerMgmt",
+    "Sys.Syslog",
+    "User.Modify",
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Clone",
+    "VM.Config.CDROM",
+    "VM.Config.CPU",
+    "VM.Config.Cloudinit",
+    "VM.Config.Disk",
+    "VM.Config.HWType",
+    "VM.Config.Memory",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.Console",
+    "VM.GuestAgent.Audit",
+    "VM.GuestAgent.FileRead",
+    "VM.GuestAgent.FileSystemMgmt",
+    "VM.GuestAgent.FileWrite",
+    "VM.GuestAgent.Unrestricted",
+    "VM.Migrate",
+    "VM.PowerMgmt",
+    "VM.Replicate",
+    "VM.Snapshot",
+    "VM.Snapshot.Rollback",
+];
+
+/// The privilege on `/vms/{vmid}` that setting container option `opt` needs, by
+/// `check_ct_modify_config_perm` (mount points, `devN`, features and the hookscript have
+/// further root@pam-only rules, see [`check_modify`]).
+pub fn config_privilege(opt: &str) -> &'static str {
+    if ["cores", "cpuunits", "cpulimit"].contains(&opt) {
+        "VM.Config.CPU"
+    } else if is_mount_key(opt) {
+        "VM.Config.Disk"
+    } else if opt == "memory" || opt == "swap" {
+        "VM.Config.Memory"
+    } else if indexed(opt, "net") || ["nameserver", "searchdomain", "hostname"].contains(&opt) {
+        "VM.Config.Network"
+    } else if opt == "features" {
+        "VM.Allocate"
+    } else {
+        "VM.Config.Options"
+    }
+}
+
 /// The authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthUser {
@@ -40,13 +135,34 @@ impl AuthUser {
 
     /// Whether the caller has every privilege (root@pam and root's tokens, unseparated).
     fn is_superuser(&self) -> bool {
-        self.userid == "root@pam"
+        self.userid == "root@pam" && self.token.as_deref() != Some(PRIVSEP_TOKEN)
+    }
+
+    /// The privileges the caller holds on `path` (`$rpcenv->permissions`): all for root,
+    /// the grants of its paths for the privilege-separated token, audit ones for the
+    /// auditor.
+    pub fn privileges(&self, path: &str) -> Vec<&'static str> {
+        if self.is_superuser() {
+            return ALL_PRIVILEGES.to_vec();
+        }
+        if self.token.as_deref() == Some(PRIVSEP_TOKEN) {
+            return PRIVSEP_GRANTS
+                .iter()
+                .filter(|(g, _)| path == *g || path.starts_with(&format!("{g}/")))
+                .flat_map(|(_, p)| p.iter().copied())
+                .collect();
+        }
+        ALL_PRIVILEGES
+            .iter()
+            .copied()
+            .filter(|p| p.ends_with(".Audit"))
+            .collect()
     }
 
     /// `$rpcenv->check`: 403 `Permission check failed (path, priv)` unless granted.
-    /// The lab's only other user, `auditor@pve`, holds audit privileges alone.
     pub fn check(&self, path: &str, privs: &[&str]) -> ApiResult<()> {
-        if self.is_superuser() || privs.iter().all(|p| p.ends_with(".Audit")) {
+        let held = self.privileges(path);
+        if privs.iter().all(|p| held.contains(p)) {
             return Ok(());
         }
         Err(ApiError::perm(Some(&format!(
@@ -75,10 +191,8 @@ pub fn check_modify(
     let vm = format!("/vms/{vmid}");
     let old = |k: &str| oldconf.and_then(|c| c.get(k)).map(String::as_str);
     let check = |opt: &str, is_delete: bool| -> ApiResult<()> {
-        if ["cores", "cpuunits", "cpulimit"].contains(&opt) {
-            user.check(&vm, &["VM.Config.CPU"])
-        } else if is_mount_key(opt) {
-            user.check(&vm, &["VM.Config.Disk"])?;
+        if is_mount_key(opt) {
+            user.check(&vm, &[config_privilege(opt)])?;
             if is_delete {
                 return Ok(());
             }
@@ -95,10 +209,6 @@ pub fn check_modify(
                 )));
             }
             Ok(())
-        } else if opt == "memory" || opt == "swap" {
-            user.check(&vm, &["VM.Config.Memory"])
-        } else if indexed(opt, "net") || ["nameserver", "searchdomain", "hostname"].contains(&opt) {
-            user.check(&vm, &["VM.Config.Network"])
         } else if indexed(opt, "dev") {
             Err(perm_exc(
                 "configuring device passthrough is only allowed for root@pam",
@@ -128,13 +238,13 @@ pub fn check_modify(
                     "changing feature flags (except nesting) is only allowed for root@pam",
                 ));
             }
-            user.check(&vm, &["VM.Allocate"])
+            user.check(&vm, &[config_privilege(opt)])
         } else if opt == "hookscript" {
             Err(perm_exc(
                 "changing the hookscript is only allowed for root@pam",
             ))
         } else {
-            user.check(&vm, &["VM.Config.Options"])
+            user.check(&vm, &[config_privilege(opt)])
         }
     };
     for opt in newconf.keys() {
@@ -167,6 +277,26 @@ mod tests {
             "Permission check failed (mount point type bind is only allowed for root@pam)"
         );
         assert!(check_modify(&AuthUser::root(), 100, None, &conf, &[], true).is_ok());
+    }
+
+    #[test]
+    fn the_privilege_separated_token_holds_its_grants_only() {
+        let t = AuthUser {
+            userid: "root@pam".into(),
+            token: Some(PRIVSEP_TOKEN.into()),
+        };
+        assert!(t.check("/vms/129", &["VM.Allocate"]).is_ok());
+        assert!(
+            t.check("/storage/local", &["Datastore.AllocateSpace"])
+                .is_ok()
+        );
+        let e = t.check("/", &["Sys.Modify"]).unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (403, "Permission check failed (/, Sys.Modify)")
+        );
+        assert!(t.privileges("/").is_empty());
+        assert!(token().check("/", &["Sys.Modify"]).is_ok());
     }
 
     #[test]
