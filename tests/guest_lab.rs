@@ -62,12 +62,17 @@ resources:
 "#;
 
 fn body(apt_line: &str, probe_version: &str) -> String {
+    // The one-line source's URI (`deb [trusted=yes] URI ./`).
+    let uri = apt_line.split_whitespace().nth(2).unwrap_or_default();
     format!(
         "        apt_sources:
           - {{ name: lab, line: \"{apt_line}\" }}
         packages: [provision-tool=1.0]
         roles: [cuda, ml-env, app]
-        cuda: {{ version: \"13.0\" }}
+        cuda:
+          version: \"13.0\"
+          # The stand-in toolkit is on the lab's mirror, not NVIDIA's repository.
+          repository: {{ uri: \"{uri}\", suites: [\"./\"], trusted: true }}
         ml_env:
           path: /opt/ml-env
           python: \"3.11\"

@@ -519,6 +519,36 @@ fn a_slow_load_that_keeps_talking_is_waited_for() {
     assert!(l.serving(), "the tqdm unit came back");
 }
 
+/// Issue 26: a healthy first start that outlives its deadline is not killed while it makes
+/// progress. A 6 s deadline, a 5 s stall timeout and a 15 s load shown as real SGLang
+/// shows it (a tqdm bar the journal holds until the end, so only the process's own
+/// activity moves): ready, not "not ready before the deadline".
+#[test]
+fn a_load_that_outlives_its_deadline_while_progressing_is_waited_for() {
+    let l = lab("svc-overdue");
+    l.inventory(
+        true,
+        &[
+            ("SGLANG_STANDIN_MODE", "slow"),
+            ("SGLANG_STANDIN_LOAD_SECONDS", "15"),
+            ("SGLANG_STANDIN_PROGRESS", "tqdm"),
+        ],
+        "",
+    );
+    let path = l.g.dir.path().join("inventory.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("deadline: 60s"), "{text}");
+    std::fs::write(&path, text.replace("deadline: 60s", "deadline: 6s")).unwrap();
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    let took = deploy_seconds(&err);
+    assert!(
+        took >= 15.0,
+        "the load was not waited for: {took:.1}s\n{err}"
+    );
+    assert!(err.contains("ready after"), "{err}");
+    assert!(l.serving());
+}
+
 /// Issue 11, findings 2, 3 and 5: what runs is compared with what is declared; a crash
 /// loop and a server that does not answer are drift; preflight warnings are shown.
 #[test]

@@ -343,6 +343,7 @@ pub fn exports(lab: &Settings) -> Result<Vec<(String, String)>> {
         v("LAB_PVE_ROOT", lab.pve_root().display().to_string()),
         v("LAB_TEMPLATE", template),
         v("LAB_AUDIT_TOKEN", secrets.audit_token()),
+        v("LAB_PRIVSEP_TOKEN", secrets.privsep_token()),
         v("LAB_DIR", lab.dir.display().to_string()),
         v("LAB_LOCK_DIR", lab.lock_dir.display().to_string()),
         v("LAB_VETH_PREFIX", lab.veth_prefix.clone()),

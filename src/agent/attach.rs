@@ -32,6 +32,10 @@ pub enum Limit {
     /// No limit in all, but at most this long without progress: a new byte, or a file
     /// already there checked. Retries and other lines are not progress.
     Stall(Duration),
+    /// No limit in all, but at most this long without any progress event of the step
+    /// (the health gate reports at least every [`crate::health::watch::HEARTBEAT`] and ends
+    /// itself on a hang; this catches a gate that stopped reporting).
+    Quiet(Duration),
 }
 
 /// How long a download may go without a byte before it counts as stalled, unless
@@ -51,13 +55,10 @@ pub fn limit(step: &Step) -> Limit {
     let min = |m: u64| Duration::from_secs(m * 60);
     match step {
         Step::ModelPull(_) => Limit::Stall(download_stall()),
+        // A load that keeps making progress is waited for past its deadline (a cold first
+        // start can take longer than any guess): the gate itself calls a hang.
         Step::DeployService(d) => match &d.service.readiness {
-            // The gate may run for the unit, a rollback and each fallback.
-            Some(r) => Limit::Total(
-                Duration::from_millis(r.deadline_ms)
-                    .saturating_mul(2 + d.service.fallbacks.len() as u32)
-                    + min(10),
-            ),
+            Some(_) => Limit::Quiet(min(10)),
             None => Limit::Total(min(15)),
         },
         Step::Preflight(_) => Limit::Total(min(30)),
@@ -65,7 +66,7 @@ pub fn limit(step: &Step) -> Limit {
         Step::PipInstall { .. } => Limit::Total(min(240)),
         Step::GitCheckout { .. } => Limit::Total(min(60)),
         Step::CreateVenv { .. } => Limit::Total(min(30)),
-        Step::WriteFile { .. } | Step::Mkdir { .. } => Limit::Total(min(5)),
+        Step::WriteFile { .. } | Step::Mkdir { .. } | Step::AptKey { .. } => Limit::Total(min(5)),
         Step::Zfs(_) | Step::NodeUnit { .. } => Limit::Total(min(10)),
         // The installer builds kernel modules.
         Step::InstallDriver { .. } => Limit::Total(min(60)),
@@ -345,6 +346,10 @@ pub fn run_detached(
                     last_news.elapsed() > d,
                     format!("made no progress for {}", human(d)),
                 ),
+                Limit::Quiet(d) => (
+                    last_news.elapsed() > d,
+                    format!("reported nothing for {}", human(d)),
+                ),
             };
             if late {
                 note(format!("{} {what}; stopping it", descriptions[i]));
@@ -383,6 +388,11 @@ pub fn run_detached(
                     progress: Progress::Checked { .. },
                     ..
                 } => last_news = Instant::now(),
+                Event::Progress { .. }
+                    if step_started.is_some_and(|(i, _)| matches!(limits[i], Limit::Quiet(_))) =>
+                {
+                    last_news = Instant::now()
+                }
                 Event::StepDone {
                     index,
                     error,

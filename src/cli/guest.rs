@@ -144,8 +144,14 @@ pub fn apply_connect(
         &[],
         SSH_DEADLINE,
     );
+    // The inventory's keys and the ones provision logs in with: the SSH that takes over
+    // below uses the latter.
+    let mut authorized_keys: Vec<String> = ct.ssh_keys.iter().map(|k| k.to_string()).collect();
+    for k in super::ssh::guest_login_keys(loaded, name, ct, args)? {
+        authorized_keys.push(k.line);
+    }
     let spec = BootstrapSpec {
-        authorized_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
+        authorized_keys,
         apt_sources: Vec::new(),
     };
     let trust = if fresh {

@@ -3,12 +3,14 @@
 
 pub mod agent;
 pub mod apply;
+pub mod assumed;
 pub mod check;
 pub mod gpu;
 pub mod guest;
 pub mod model;
 pub mod node;
 pub mod plan;
+pub mod privileges;
 pub mod progress;
 pub mod render;
 pub mod schema;

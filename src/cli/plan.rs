@@ -100,6 +100,7 @@ pub fn read_targets(
     }
     let (prepared, live) = super::node::with_live_gpus(prepared, targets, printer)?;
     let desired = select(prepared.desired, targets)?;
+    let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets);
     let binary = Arc::new(AgentBinary::current()?);
     let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
@@ -115,6 +116,9 @@ pub fn read_targets(
     );
     let mut read = read;
     super::node::refuse_root_only(&read.plan, &prepared.loaded, &conns)?;
+    super::ssh::refuse_keyless_creates(&read.plan, &prepared.loaded, targets)?;
+    super::assumed::refuse_missing(&read.plan, &prepared.loaded, &conns, targets, printer)?;
+    super::privileges::refuse_missing(&read.plan, &prepared.loaded, &conns)?;
     read.plan = super::node::gpu_checks(
         read.plan,
         &desired,

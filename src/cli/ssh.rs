@@ -4,11 +4,16 @@ use std::sync::Arc;
 
 use super::targets::TargetArgs;
 use crate::diagnostic::Diagnostic;
+use crate::engine::DesiredTarget;
+use crate::inventory::Container;
 use crate::inventory::Loaded;
 use crate::inventory::node::SshTarget;
 use crate::inventory::secret::resolve_local;
+use crate::plan::{Action, Plan, Target};
 use crate::render::context::guest_host;
+use crate::resources::ResourceSpec;
 use crate::transport::Transport;
+use crate::transport::ssh::login_keys::{LoginKey, login_keys};
 use crate::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 
 /// An SSH transport to the inside of container `name`: one session for the whole run.
@@ -32,6 +37,35 @@ pub fn guest_transport(
     connect_to(host, &ct.ssh, loaded, args)
 }
 
+/// The public keys provision logs in to container `ct` with (what its create and its
+/// bootstrap give root's `authorized_keys`); an error when there are none, before anything
+/// is created: a container made without them cannot be reached.
+pub fn guest_login_keys(
+    loaded: &Loaded,
+    name: &str,
+    ct: &Container,
+    args: &TargetArgs,
+) -> anyhow::Result<Vec<LoginKey>> {
+    let host = guest_host(ct).unwrap_or_default();
+    let opts = options(host, &ct.ssh, loaded, args);
+    let keys = login_keys(&opts).map_err(|e| {
+        loaded
+            .diag(ct.vmid.pos, format!("container `{name}`: {e}"))
+            .hint("provision sends the public half of the key it logs in with to the container it creates")
+    })?;
+    if keys.is_empty() {
+        return Err(loaded
+            .diag(
+                ct.vmid.pos,
+                format!("provision has no SSH key to log in to container `{name}` with, so none would reach it"),
+            )
+            .cause("no `ssh.identity_file`, no ssh-agent with keys (SSH_AUTH_SOCK), and no ~/.ssh/id_ed25519.pub, id_ecdsa.pub or id_rsa.pub")
+            .hint("set `ssh: { identity_file: KEY }` on the container (KEY.pub beside it) or load a key into ssh-agent: its public key goes into root's authorized_keys at the create and the bootstrap")
+            .into());
+    }
+    Ok(keys)
+}
+
 /// One SSH session to `host` with the inventory's settings `ssh` and the command line's
 /// host key policy.
 fn connect_to(
@@ -40,6 +74,12 @@ fn connect_to(
     loaded: &Loaded,
     args: &TargetArgs,
 ) -> anyhow::Result<Arc<dyn Transport>> {
+    let opts = options(host, ssh, loaded, args);
+    Ok(Arc::new(SshTransport::connect(&opts)?))
+}
+
+/// The SSH options for `host` from the inventory's `ssh` and the command line.
+fn options(host: String, ssh: &SshTarget, loaded: &Loaded, args: &TargetArgs) -> SshOptions {
     let mut opts = SshOptions::new(host);
     opts.port = Some(ssh.port.value);
     opts.user = Some(ssh.user.to_string());
@@ -54,7 +94,7 @@ fn connect_to(
     } else {
         HostKeyPolicy::Strict
     };
-    Ok(Arc::new(SshTransport::connect(&opts)?))
+    opts
 }
 
 /// An SSH transport to node `name` as the inventory says to reach it (root, for `pct`
@@ -75,4 +115,58 @@ pub fn node_transport(
             .hint("set `ssh: { host: ... }` on the node: GPU facts and root-only edits go over it")
     })?;
     connect_to(host.to_string(), &node.ssh, loaded, args)
+}
+
+/// Gives each selected container's create the public keys provision will log in to its
+/// guest with (beside the inventory's `ssh_keys`). A container without any is refused by
+/// [`refuse_keyless_creates`] once the plan shows it would be created.
+pub fn with_login_keys(
+    mut desired: Vec<DesiredTarget>,
+    loaded: &Loaded,
+    args: &TargetArgs,
+) -> Vec<DesiredTarget> {
+    for d in &mut desired {
+        let Target::Container { name, .. } = &d.target else {
+            continue;
+        };
+        let Some((_, _, ct)) = super::guest::find(loaded, name) else {
+            continue;
+        };
+        let Ok(keys) = guest_login_keys(loaded, name, ct, args) else {
+            continue;
+        };
+        for r in &mut d.resources {
+            if let ResourceSpec::Container(spec) = &mut r.spec {
+                spec.add_login_keys(
+                    keys.iter()
+                        .map(|k| (k.line.clone(), format!("{} from {}", k.fingerprint, k.from))),
+                );
+            }
+        }
+    }
+    desired
+}
+
+/// Refuses, before anything changes, a plan that creates (or replaces) a container
+/// provision has no key to log in to: it would be made unreachable.
+pub fn refuse_keyless_creates(
+    plan: &Plan,
+    loaded: &Loaded,
+    args: &TargetArgs,
+) -> anyhow::Result<()> {
+    for t in &plan.targets {
+        let Target::Container { name, .. } = &t.target else {
+            continue;
+        };
+        for c in &t.changes {
+            if let ResourceSpec::Container(spec) = &c.spec
+                && matches!(c.action, Action::Create | Action::Replace)
+                && spec.login_keys.is_empty()
+                && let Some((_, _, ct)) = super::guest::find(loaded, name)
+            {
+                guest_login_keys(loaded, name, ct, args)?;
+            }
+        }
+    }
+    Ok(())
 }

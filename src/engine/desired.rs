@@ -13,6 +13,7 @@ use crate::render::context::{NodeGpuView, container_context, guest_host};
 use crate::render::roles::RoleSet;
 use crate::render::service::build_all;
 use crate::resources::apt::AptSpec;
+use crate::resources::apt_source::AptSourceSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::file::FileSpec;
 use crate::resources::{ResourceSpec, TargetKind};
@@ -89,16 +90,22 @@ pub fn desired_state(
             }));
             let mut guest: Vec<Desired> = Vec::new();
             for source in &ct.apt_sources {
-                guest.push(Desired {
-                    spec: ResourceSpec::File(FileSpec {
+                let spec = match (&source.line, source.repository()) {
+                    (_, Some(repo)) => ResourceSpec::AptSource(AptSourceSpec::from_inventory(
+                        source.name.as_str(),
+                        &repo,
+                        &loaded.base_dir,
+                    )),
+                    (Some(line), None) => ResourceSpec::File(FileSpec {
                         path: format!("/etc/apt/sources.list.d/{}.list", source.name.value),
-                        content: format!("# Managed by provision.\n{}\n", source.line.value),
+                        content: format!("# Managed by provision.\n{}\n", line.value),
                         owner: "root".into(),
                         group: "root".into(),
                         mode: 0o644,
                     }),
-                    role: None,
-                });
+                    (None, None) => continue, // reported by validation
+                };
+                guest.push(Desired { spec, role: None });
             }
             if !ct.packages.is_empty() {
                 guest.push(Desired {
@@ -178,7 +185,11 @@ pub fn desired_state(
 /// APT sources first, then one apt transaction for all packages (other resources need
 /// them), and no resource declared twice with different content.
 fn merge_guest(resources: Vec<Desired>) -> Result<Vec<Desired>, Diagnostic> {
-    let is_source = |d: &Desired| matches!(&d.spec, ResourceSpec::File(f) if f.path.starts_with("/etc/apt/sources.list.d/"));
+    let is_source = |d: &Desired| match &d.spec {
+        ResourceSpec::File(f) => f.path.starts_with("/etc/apt/sources.list.d/"),
+        ResourceSpec::AptSource(_) => true,
+        _ => false,
+    };
     let (sources, resources): (Vec<Desired>, Vec<Desired>) =
         resources.into_iter().partition(is_source);
     let mut packages = BTreeSet::new();

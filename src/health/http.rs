@@ -1,6 +1,7 @@
-//! The health gate's HTTP client: reqwest on a small tokio runtime of its own, since the
-//! gate runs in the agent's synchronous loop. Only `http://` URLs on the target itself
-//! are asked (the readiness URL and `/health` next to it).
+//! The agent's short-GET client: reqwest on a small tokio runtime of its own, since the
+//! agent's loop is synchronous. The health gate asks `http://` URLs on the target itself
+//! (the readiness URL and `/health` next to it); an APT source's key is fetched with it
+//! too (a small file, pinned by fingerprint).
 
 use std::time::Duration;
 
@@ -54,6 +55,12 @@ impl HttpClient {
 
     /// GETs `url`: its status and body (the body capped at 4 MiB).
     pub fn get(&self, url: &str) -> Result<(u16, String), HttpError> {
+        self.get_bytes(url)
+            .map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// GETs `url`: its status and body as bytes (capped at 4 MiB).
+    pub fn get_bytes(&self, url: &str) -> Result<(u16, Vec<u8>), HttpError> {
         let fail = |e: reqwest::Error| HttpError::Get {
             url: url.to_string(),
             reason: crate::diagnostic::one_line(&e),
@@ -74,7 +81,7 @@ impl HttpClient {
                     break;
                 }
             }
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+            Ok((status, body))
         })
     }
 }

@@ -89,7 +89,8 @@ pub enum Verdict {
         /// How long everything had been still.
         silent_ms: u64,
     },
-    /// Still loading when the deadline passed.
+    /// Not ready when the deadline passed, and nothing moved for the stall timeout since
+    /// (a load that keeps moving is waited for past the deadline).
     Timeout {
         /// The last log line.
         last_line: String,
@@ -118,7 +119,7 @@ impl Verdict {
                 silent_ms / 1000
             ),
             Verdict::Timeout { last_line } => {
-                format!("not ready before the deadline; last line: {last_line}")
+                format!("not ready by the deadline and no progress since; last line: {last_line}")
             }
         }
     }
@@ -127,7 +128,9 @@ impl Verdict {
 /// Limits the gate works within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Give up after this long.
+    /// Give up after this long, unless the load is still making progress: a cold first
+    /// start (hundreds of GB read, Triton autotuning, CUDA graph capture) may pass any
+    /// guess while healthy, and calling a stopped load is the stall timeout's job.
     pub deadline: Duration,
     /// This long without progress of any kind, with the process alive and the port
     /// closed, is a hang.
@@ -228,12 +231,18 @@ impl Gate {
                 silent_ms: silent.as_millis() as u64,
             });
         }
-        if o.elapsed >= self.limits.deadline {
+        // Past the deadline, a load that moved within the stall timeout is waited for.
+        if o.elapsed >= self.limits.deadline && silent >= self.limits.stall_timeout {
             return Some(Verdict::Timeout {
                 last_line: self.last_line.clone(),
             });
         }
         None
+    }
+
+    /// Whether the deadline has passed (and the gate is waiting because the load moves).
+    pub fn overdue(&self, elapsed: Duration) -> bool {
+        elapsed >= self.limits.deadline
     }
 }
 
@@ -419,14 +428,46 @@ mod tests {
     }
 
     #[test]
-    fn deadline_ends_a_load_that_never_finishes() {
+    fn deadline_ends_a_server_that_stopped_moving() {
+        // The port is open (warming up, /health not 200), so silence is not a hang; past
+        // the deadline with nothing moving for the stall timeout, it is a timeout.
         let mut g = Gate::new(limits());
-        let v = g.observe(&running(60, &["Load weight begin."]));
+        let mut o = running(50, &["Load weight begin."]);
+        o.port_open = true;
+        assert_eq!(g.observe(&o), None);
+        let mut o = running(60, &[]);
+        o.port_open = true;
         assert_eq!(
-            v,
+            g.observe(&o),
             Some(Verdict::Timeout {
                 last_line: "Load weight begin.".into()
             })
         );
+    }
+
+    #[test]
+    fn a_load_that_keeps_moving_is_waited_for_past_the_deadline() {
+        let mut g = Gate::new(limits());
+        // A log line every 4 s (under the 5 s stall timeout) up to twice the deadline.
+        for s in (0..=120).step_by(4) {
+            let o = running(s, &["Loading safetensors checkpoint shards"]);
+            assert_eq!(g.observe(&o), None, "at {s}s");
+        }
+        assert!(g.overdue(Duration::from_secs(120)));
+        let o = Observation {
+            port_open: true,
+            model_listed: true,
+            healthy: true,
+            ..running(122, &[])
+        };
+        assert_eq!(g.observe(&o), Some(Verdict::Ready { after_ms: 122_000 }));
+        // Once it stops moving past the deadline, it ends there (a hang with the port
+        // closed, within the stall timeout).
+        let mut g = Gate::new(limits());
+        assert_eq!(g.observe(&running(61, &["Capturing CUDA graphs"])), None);
+        assert!(matches!(
+            g.observe(&running(66, &[])),
+            Some(Verdict::Hang { .. })
+        ));
     }
 }

@@ -75,7 +75,11 @@ pub fn health_url(url: &str) -> String {
     format!("http://{base}/health")
 }
 
-/// Watches `unit` from `cursor` until a verdict on `spec`; `progress` sees each new last line.
+/// How often the gate says it still watches when the journal is silent.
+pub const HEARTBEAT: Duration = Duration::from_secs(60);
+
+/// Watches `unit` from `cursor` until a verdict on `spec`; `progress` sees each new last
+/// line, and the last line again at least every [`HEARTBEAT`].
 pub fn watch(
     unit: &str,
     spec: &Readiness,
@@ -92,6 +96,8 @@ pub fn watch(
     let health = health_url(&spec.url);
     let http = HttpClient::new(Duration::from_secs(2)).ok();
     let gpu = activity::gpu_memory_mib().is_some();
+    let mut last_said = Instant::now();
+    let mut said_overdue = false;
     loop {
         let props = unit_properties(
             unit,
@@ -134,11 +140,23 @@ pub fn watch(
             healthy,
         };
         let before = gate.last_line().to_string();
+        let elapsed = obs.elapsed;
         if let Some(v) = gate.observe(&obs) {
             return v;
         }
-        if gate.last_line() != before {
+        if gate.overdue(elapsed) && !said_overdue {
+            said_overdue = true;
+            progress(&format!(
+                "past its {}s deadline and still making progress: waited for while it moves ({}s without progress is a hang)",
+                spec.deadline_ms / 1000,
+                spec.stall_timeout_ms / 1000
+            ));
+            last_said = Instant::now();
+        } else if gate.last_line() != before || last_said.elapsed() >= HEARTBEAT {
+            // Also a heartbeat while nothing new is logged: the client tells a gate that
+            // still watches from a run that went quiet.
             progress(gate.last_line());
+            last_said = Instant::now();
         }
         std::thread::sleep(poll);
     }

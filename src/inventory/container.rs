@@ -9,6 +9,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use super::apt::AptSource;
 use super::node::SshTarget;
 use super::service::Service;
 use super::software::{Cuda, HfModel, MlEnv};
@@ -105,16 +106,6 @@ pub enum RestartPolicy {
 
 fn default_true() -> Sp<bool> {
     Sp::new(true)
-}
-
-/// An APT repository.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AptSource {
-    /// Its name: the file is `/etc/apt/sources.list.d/<name>.list`.
-    pub name: Sp<Name>,
-    /// The one-line entry, e.g. `deb [trusted=yes] http://10.0.0.1/debian ./`.
-    pub line: Sp<Text>,
 }
 
 /// The container's root filesystem.

@@ -121,7 +121,9 @@ struct Reference {
 
 /// Whether a reference under `key` (inside `parent`) is left for its field to resolve.
 fn resolved_later(parent: Option<&str>, key: &str) -> bool {
-    matches!(key, "token" | "password" | "fingerprint") || (key == "url" && parent == Some("api"))
+    matches!(key, "token" | "password")
+        || (key == "fingerprint" && parent == Some("tls"))
+        || (key == "url" && parent == Some("api"))
 }
 
 /// `source` with every `{ env: VAR }` replaced by the variable's value; each unset or

@@ -1,6 +1,7 @@
 //! The inventory: what the user declares. Typed (every struct denies unknown fields),
 //! parsed with positions kept ([`load`]), and validated in one place ([`validate`]).
 
+pub mod apt;
 pub mod container;
 pub mod env;
 pub mod host;

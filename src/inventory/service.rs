@@ -361,7 +361,8 @@ pub struct Readiness {
     /// URL that lists the served model when ready; defaults to
     /// `http://127.0.0.1:<port>/v1/models`, checked from inside the container.
     pub url: Option<Sp<Text>>,
-    /// Give up after this long, even if the log keeps moving.
+    /// Give up on a server that is not ready after this long and no longer makes progress
+    /// (one that keeps moving is waited for: the stall timeout calls a hang).
     #[serde(default = "default_deadline")]
     pub deadline: Sp<TimeSpan>,
     /// Call it a hang when the process lives, the port is closed and the log has not

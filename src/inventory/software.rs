@@ -105,6 +105,10 @@ pub struct Cuda {
     /// The Debian package that installs it; defaults to `cuda-toolkit-<major>-<minor>`
     /// from NVIDIA's repository.
     pub package: Option<Sp<Name>>,
+    /// The APT repository the package comes from; defaults to NVIDIA's for the
+    /// container's distribution (from its template's name), keyed by NVIDIA's signing key.
+    /// Set it for a local mirror.
+    pub repository: Option<super::apt::AptRepository>,
 }
 
 impl Cuda {

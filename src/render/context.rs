@@ -54,6 +54,18 @@ pub fn guest_host(ct: &Container) -> Option<String> {
     })
 }
 
+/// The APT source the `cuda` role declares: the inventory's `cuda.repository`, else
+/// NVIDIA's for the distribution the template's name says (`None` when it says none
+/// NVIDIA knows; validation refuses that).
+fn cuda_repository(c: &crate::inventory::software::Cuda, ct: &Container, base_dir: &Path) -> Value {
+    use crate::resources::apt_source::{AptSourceSpec, nvidia_distribution};
+    let spec = match &c.repository {
+        Some(r) => Some(AptSourceSpec::from_inventory("cuda", r, base_dir)),
+        None => nvidia_distribution(ct.template.as_str()).map(AptSourceSpec::nvidia_cuda),
+    };
+    serde_json::to_value(spec).unwrap_or(Value::Null)
+}
+
 /// The template/role context for container `ct_name` on node `node_name`.
 pub fn container_context(
     node_name: &Name,
@@ -72,6 +84,7 @@ pub fn container_context(
             "bin": home.join("bin").to_string(),
             "lib64": home.join("lib64").to_string(),
             "package": c.package(),
+            "repository": cuda_repository(c, ct, base_dir),
         })
     });
     let ml_env = ct.ml_env.as_ref().map(|env| {

@@ -293,7 +293,10 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
 }
 
 /// The unit's environment: CUDA and the venv on the paths, then the inventory's own
-/// variables (with where each was set).
+/// variables (with where each was set). No `LD_LIBRARY_PATH`: the dynamic loader searches
+/// it before a library's RUNPATH, so the toolkit's `lib64` would replace the CUDA libraries
+/// torch's wheels ship and find through their RUNPATH (`nvidia/*/lib`), which torch was
+/// built against; `nvcc` (FlashInfer's JIT) needs only `CUDA_HOME` and `PATH`.
 fn environment(svc: &Service, ct: &Container) -> (Vec<EnvVar>, BTreeMap<String, Pos>) {
     let var = |name: &str, value: String| EnvVar {
         name: name.to_string(),
@@ -310,9 +313,6 @@ fn environment(svc: &Service, ct: &Container) -> (Vec<EnvVar>, BTreeMap<String, 
     }
     path_dirs.push("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string());
     vars.push(var("PATH", path_dirs.join(":")));
-    if let Some(c) = &ct.cuda {
-        vars.push(var("LD_LIBRARY_PATH", c.home().join("lib64").to_string()));
-    }
     let mut positions = BTreeMap::new();
     for (k, v) in &svc.environment {
         vars.push(var(k.as_str(), v.to_string()));
@@ -429,6 +429,13 @@ mod tests {
             spec.declared.at("--nothing"),
             Some(at("served_model_name:"))
         );
+        // CUDA for nvcc, and nothing that outranks the RUNPATH of torch's own libraries.
+        let env: Vec<&str> = spec
+            .environment
+            .iter()
+            .filter_map(|e| e.split_once('=').map(|(n, _)| n))
+            .collect();
+        assert_eq!(env, ["CUDA_HOME", "PATH", "SGLANG_ENABLE_SPEC_V2"]);
         // One description: the view the unit template renders is the spec's argv.
         assert_eq!(built[0].view.exec_start, spec.exec_start);
         assert_eq!(

@@ -141,8 +141,33 @@ pub fn install(packages: &[String]) -> Result<(), HostError> {
     if crate::host::run("apt-get", &args, &env).is_ok() {
         return Ok(());
     }
-    crate::host::run("apt-get", &["update".into(), "-q".into()], &env)?;
+    crate::host::run("apt-get", &["update".into(), "-q".into()], &env).map_err(signature_hint)?;
     crate::host::run("apt-get", &args, &env)
+}
+
+/// apt's own words are kept; when they say a repository's signature did not verify, a
+/// line says what that means for the inventory.
+fn signature_hint(e: HostError) -> HostError {
+    match e {
+        HostError::Exit {
+            command,
+            status,
+            mut output,
+        } if ["NO_PUBKEY", "is not signed", "EXPKEYSIG", "BADSIG"]
+            .iter()
+            .any(|m| output.contains(m)) =>
+        {
+            output.push_str(
+                "\nhint: a repository is not signed by the key its source names: compare the source's pinned `key.fingerprint` with the key apt names above (NO_PUBKEY), and the repository's published key",
+            );
+            HostError::Exit {
+                command,
+                status,
+                output,
+            }
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]

@@ -83,6 +83,10 @@ pub struct ContainerSpec {
     /// [`ContainerSpec::split_root_only`]): not in `config`, and not removed as unlisted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_keys: Vec<String>,
+    /// Which of `ssh_public_keys` provision itself logs in with, and where each came from
+    /// (`SHA256:… from ssh-agent at …`), for the plan.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub login_keys: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -147,6 +151,19 @@ impl ContainerSpec {
             restart: ct.restart.value,
             bootstrap: false,
             node_keys: Vec::new(),
+            login_keys: Vec::new(),
+        }
+    }
+
+    /// Adds the keys provision logs in with (`(line, description)`) to those set at
+    /// creation, each once (compared by key, not comment).
+    pub fn add_login_keys(&mut self, keys: impl IntoIterator<Item = (String, String)>) {
+        let blob = |l: &str| l.split_whitespace().nth(1).map(str::to_string);
+        for (line, about) in keys {
+            if !self.ssh_public_keys.iter().any(|k| blob(k) == blob(&line)) {
+                self.ssh_public_keys.push(line);
+            }
+            self.login_keys.push(about);
         }
     }
 
@@ -355,6 +372,9 @@ impl ContainerSpec {
                 .collect();
             d = d.attr(Attribute::new("ssh-public-keys", summary.join(", ")));
         }
+        if !self.login_keys.is_empty() {
+            d = d.attr(Attribute::new("login-keys", self.login_keys.join(", ")));
+        }
         d = d.attr(Attribute::new("status", "running"));
         if self.bootstrap {
             d = d.attr(Attribute::new(
@@ -520,7 +540,41 @@ mod tests {
             restart: RestartPolicy::Never,
             bootstrap: false,
             node_keys: Vec::new(),
+            login_keys: Vec::new(),
         }
+    }
+
+    #[test]
+    fn login_keys_are_added_once_and_named_in_the_create() {
+        let mut s = spec();
+        s.ssh_public_keys = vec!["ssh-ed25519 AAAAkey1 inventory".into()];
+        s.add_login_keys([
+            (
+                "ssh-ed25519 AAAAkey1 other-comment".into(),
+                "SHA256:a from identity file k.pub".into(),
+            ),
+            (
+                "ssh-ed25519 AAAAkey2 agent".into(),
+                "SHA256:b from ssh-agent at /s".into(),
+            ),
+        ]);
+        assert_eq!(
+            s.ssh_public_keys,
+            [
+                "ssh-ed25519 AAAAkey1 inventory",
+                "ssh-ed25519 AAAAkey2 agent"
+            ]
+        );
+        let d = s.create_delta();
+        let login = d
+            .attributes
+            .iter()
+            .find(|a| a.name == "login-keys")
+            .unwrap();
+        assert_eq!(
+            login.after.as_deref(),
+            Some("SHA256:a from identity file k.pub, SHA256:b from ssh-agent at /s")
+        );
     }
 
     fn found(running: bool) -> PveContainerFact {

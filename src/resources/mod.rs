@@ -3,6 +3,7 @@
 //! pure `diff` against their answers.
 
 pub mod apt;
+pub mod apt_source;
 pub mod container;
 pub mod cuda;
 pub mod directory;
@@ -36,6 +37,8 @@ pub enum ResourceSpec {
     Directory(directory::DirectorySpec),
     /// Debian packages, installed in one transaction.
     Apt(apt::AptSpec),
+    /// An APT repository (deb822), keyed by a pinned signing key.
+    AptSource(apt_source::AptSourceSpec),
     /// A CUDA toolkit at a home with a release.
     CudaToolkit(cuda::CudaSpec),
     /// A Python venv.
@@ -158,6 +161,7 @@ impl ResourceSpec {
             ResourceSpec::File(r) => r,
             ResourceSpec::Directory(r) => r,
             ResourceSpec::Apt(r) => r,
+            ResourceSpec::AptSource(r) => r,
             ResourceSpec::CudaToolkit(r) => r,
             ResourceSpec::Venv(r) => r,
             ResourceSpec::PipPackages(r) => r,

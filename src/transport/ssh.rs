@@ -7,6 +7,7 @@ mod config;
 mod exec;
 mod jump;
 pub mod known_hosts;
+pub mod login_keys;
 mod session;
 
 use std::path::PathBuf;

@@ -335,3 +335,60 @@ pub fn git_repo(dir: &Path, name: &str, trees: &[&Path]) -> Vec<String> {
     ));
     commits
 }
+
+/// A signing key made here with gpg, in its own GnuPG home (removed on drop).
+pub struct GpgKey {
+    home: tempfile::TempDir,
+    /// Its fingerprint, as gpg prints it.
+    pub fingerprint: String,
+    /// Its public key, armored.
+    pub public: String,
+}
+
+impl GpgKey {
+    /// A new ed25519 signing key for `email`.
+    pub fn new(email: &str) -> GpgKey {
+        let home = tempfile::tempdir().unwrap();
+        let gpg = format!("gpg --homedir {} --batch --quiet", home.path().display());
+        host(&format!(
+            "{gpg} --passphrase '' --quick-gen-key 'provision test <{email}>' ed25519 sign never 2>/dev/null"
+        ));
+        let colons = host(&format!("{gpg} --with-colons --list-keys {email}"));
+        let fingerprint = colons
+            .lines()
+            .find_map(|l| l.strip_prefix("fpr:::::::::"))
+            .and_then(|l| l.split(':').next())
+            .expect("gpg lists the key's fingerprint")
+            .to_string();
+        let public = host(&format!("{gpg} --armor --export {email}"));
+        GpgKey {
+            home,
+            fingerprint,
+            public,
+        }
+    }
+
+    /// Signs the flat repository in `dir` as a real archive is signed: a `Release` with
+    /// the SHA256 of `Packages`, clear-signed as `InRelease`, detached as `Release.gpg`.
+    pub fn sign_repo(&self, dir: &Path) {
+        let gpg = format!(
+            "gpg --homedir {} --batch --quiet --yes",
+            self.home.path().display()
+        );
+        release(dir);
+        host(&format!(
+            "cd {} && {gpg} --clearsign -o InRelease Release && {gpg} -abs -o Release.gpg Release",
+            dir.display()
+        ));
+    }
+}
+
+/// Writes `dir/Release` for the flat repository there (what `apt-ftparchive release`
+/// writes, reduced to what apt checks: the date and each index's size and SHA256).
+pub fn release(dir: &Path) {
+    host(&format!(
+        "cd {} && {{ echo 'Origin: provision-test'; echo 'Label: provision-test'; echo \"Date: $(date -Ru)\"; echo 'SHA256:'; \
+         echo \" $(sha256sum Packages | cut -d' ' -f1) $(stat -c %s Packages) Packages\"; }} > Release",
+        dir.display()
+    ));
+}

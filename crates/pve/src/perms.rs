@@ -10,6 +10,101 @@ use crate::options::{MountKind, indexed, is_mount_key};
 use crate::propstr::{self, PropError};
 use crate::version::Version;
 
+/// The name of the lab's privilege-separated token (`root@pam!privsep`), Proxmox's default
+/// for a new token: it holds only what ACLs grant the token itself ([`PRIVSEP_GRANTS`]),
+/// never its user's privileges.
+pub const PRIVSEP_TOKEN: &str = "privsep";
+
+/// What the privilege-separated token is granted, by path (propagating): PVEVMAdmin on
+/// `/vms` and PVEDatastoreUser on `/storage`, as an operator grants a deployment token,
+/// without `Sys.Modify` on `/` (which a privileged container's create needs).
+pub const PRIVSEP_GRANTS: &[(&str, &[&str])] = &[
+    (
+        "/vms",
+        &[
+            "VM.Allocate",
+            "VM.Audit",
+            "VM.Config.CPU",
+            "VM.Config.Disk",
+            "VM.Config.Memory",
+            "VM.Config.Network",
+            "VM.Config.Options",
+            "VM.Console",
+            "VM.PowerMgmt",
+        ],
+    ),
+    ("/storage", &["Datastore.AllocateSpace", "Datastore.Audit"]),
+];
+
+/// Every privilege of Proxmox VE 9 (pve-access-control's `$privgroups`): what root holds.
+pub const ALL_PRIVILEGES: &[&str] = &[
+    "Datastore.Allocate",
+    "Datastore.AllocateSpace",
+    "Datastore.AllocateTemplate",
+    "Datastore.Audit",
+    "Group.Allocate",
+    "Mapping.Audit",
+    "Mapping.Modify",
+    "Mapping.Use",
+    "Pool.Allocate",
+    "Pool.Audit",
+    "Realm.Allocate",
+    "Realm.AllocateUser",
+    "SDN.Allocate",
+    "SDN.Audit",
+    "SDN.Use",
+    "Sys.AccessNetwork",
+    "Sys.Audit",
+    "Sys.Console",
+    "Sys.Incoming",
+    "Sys.Modify",
+    "Sys.PowerMgmt",
+    "Sys.Syslog",
+    "User.Modify",
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Clone",
+    "VM.Config.CDROM",
+    "VM.Config.CPU",
+    "VM.Config.Cloudinit",
+    "VM.Config.Disk",
+    "VM.Config.HWType",
+    "VM.Config.Memory",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.Console",
+    "VM.GuestAgent.Audit",
+    "VM.GuestAgent.FileRead",
+    "VM.GuestAgent.FileSystemMgmt",
+    "VM.GuestAgent.FileWrite",
+    "VM.GuestAgent.Unrestricted",
+    "VM.Migrate",
+    "VM.PowerMgmt",
+    "VM.Replicate",
+    "VM.Snapshot",
+    "VM.Snapshot.Rollback",
+];
+
+/// The privilege on `/vms/{vmid}` that setting container option `opt` needs, by
+/// `check_ct_modify_config_perm` (mount points, `devN`, features and the hookscript have
+/// further root@pam-only rules, see [`check_modify`]).
+pub fn config_privilege(opt: &str) -> &'static str {
+    if ["cores", "cpuunits", "cpulimit"].contains(&opt) {
+        "VM.Config.CPU"
+    } else if is_mount_key(opt) {
+        "VM.Config.Disk"
+    } else if opt == "memory" || opt == "swap" {
+        "VM.Config.Memory"
+    } else if indexed(opt, "net") || ["nameserver", "searchdomain", "hostname"].contains(&opt) {
+        "VM.Config.Network"
+    } else if opt == "features" {
+        "VM.Allocate"
+    } else {
+        "VM.Config.Options"
+    }
+}
+
 /// The authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthUser {
@@ -71,6 +166,32 @@ impl AuthUser {
         self.token.is_none() && self.userid == "root@pam"
     }
 
+    /// Whether the caller has every privilege (root@pam and root's tokens, unseparated).
+    fn is_superuser(&self) -> bool {
+        self.userid == "root@pam" && self.token.as_deref() != Some(PRIVSEP_TOKEN)
+    }
+
+    /// The privileges the caller holds on `path` (`$rpcenv->permissions`): all for root,
+    /// the grants of its paths for the privilege-separated token, audit ones for the
+    /// auditor.
+    pub fn privileges(&self, path: &str) -> Vec<&'static str> {
+        if self.is_superuser() {
+            return ALL_PRIVILEGES.to_vec();
+        }
+        if self.token.as_deref() == Some(PRIVSEP_TOKEN) {
+            return PRIVSEP_GRANTS
+                .iter()
+                .filter(|(g, _)| path == *g || path.starts_with(&format!("{g}/")))
+                .flat_map(|(_, p)| p.iter().copied())
+                .collect();
+        }
+        ALL_PRIVILEGES
+            .iter()
+            .copied()
+            .filter(|p| p.ends_with(".Audit"))
+            .collect()
+    }
+
     /// `$rpcenv->check`: 403 `Permission check failed (path, priv)` unless granted, with
     /// the lab's users' privileges (see [`Privileges`] for `AuthUser`).
     pub fn check(&self, path: &str, privs: &[&str]) -> ApiResult<()> {
@@ -79,10 +200,11 @@ impl AuthUser {
 }
 
 /// The lab's users: root@pam and root's tokens (not privilege-separated) hold everything;
-/// any other user (the lab's `auditor@pve`) holds audit privileges alone.
+/// the privilege-separated token holds its grants ([`PRIVSEP_GRANTS`]); any other user
+/// (the lab's `auditor@pve`) holds audit privileges alone.
 impl Privileges for AuthUser {
-    fn has(&self, _: &str, privilege: &str) -> bool {
-        self.userid == "root@pam" || privilege.ends_with(".Audit")
+    fn has(&self, path: &str, privilege: &str) -> bool {
+        self.privileges(path).contains(&privilege)
     }
 }
 
@@ -200,11 +322,11 @@ impl Modify<'_> {
         is_delete: bool,
     ) -> ApiResult<()> {
         let vm = format!("/vms/{}", self.vmid);
-        let vm_perm = |p: &str| need(privs, &vm, &[p]);
+        let vm_perm = || need(privs, &vm, &[config_privilege(opt)]);
         if ["cores", "cpuunits", "cpulimit"].contains(&opt) {
-            vm_perm("VM.Config.CPU")
+            vm_perm()
         } else if is_mount_key(opt) {
-            vm_perm("VM.Config.Disk")?;
+            vm_perm()?;
             if is_delete {
                 return Ok(());
             }
@@ -228,9 +350,9 @@ impl Modify<'_> {
                 None => check_volume_access(privs, self.vmid, volume),
             }
         } else if opt == "memory" || opt == "swap" {
-            vm_perm("VM.Config.Memory")
+            vm_perm()
         } else if indexed(opt, "net") {
-            vm_perm("VM.Config.Network")?;
+            vm_perm()?;
             if !user.is_root_pam() {
                 if let Some(old) = self.old(opt).filter(|v| !v.is_empty()) {
                     check_bridge_access(privs, old, self.version)?;
@@ -245,7 +367,7 @@ impl Modify<'_> {
                 "configuring device passthrough is only allowed for root@pam",
             ))
         } else if ["nameserver", "searchdomain", "hostname"].contains(&opt) {
-            vm_perm("VM.Config.Network")
+            vm_perm()
         } else if opt == "features" {
             self.check_features(privs, newconf, is_delete, &vm)
         } else if opt == "hookscript" {
@@ -255,7 +377,7 @@ impl Modify<'_> {
         } else {
             // `tags` too: with datacenter.cfg's default (`user-tag-access: free`, no
             // privileged tags) `assert_tag_permissions` asks for this alone.
-            vm_perm("VM.Config.Options")
+            vm_perm()
         }
     }
 
@@ -400,6 +522,26 @@ mod tests {
             "Permission check failed (mount point type bind is only allowed for root@pam)"
         );
         assert!(check_modify(&AuthUser::root(), 100, None, &conf, &[], true).is_ok());
+    }
+
+    #[test]
+    fn the_privilege_separated_token_holds_its_grants_only() {
+        let t = AuthUser {
+            userid: "root@pam".into(),
+            token: Some(PRIVSEP_TOKEN.into()),
+        };
+        assert!(t.check("/vms/129", &["VM.Allocate"]).is_ok());
+        assert!(
+            t.check("/storage/local", &["Datastore.AllocateSpace"])
+                .is_ok()
+        );
+        let e = t.check("/", &["Sys.Modify"]).unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (403, "Permission check failed (/, Sys.Modify)")
+        );
+        assert!(t.privileges("/").is_empty());
+        assert!(token().check("/", &["Sys.Modify"]).is_ok());
     }
 
     #[test]

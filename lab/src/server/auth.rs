@@ -3,8 +3,9 @@
 //! `CSRFPreventionToken` header on writes).
 //!
 //! The lab's accounts: `root@pam` (password), its token `root@pam!lab` (not privilege
-//! separated, so it holds root's privileges but is not root@pam), and `auditor@pve!ro`, a token
-//! with audit privileges only.
+//! separated, so it holds root's privileges but is not root@pam), `root@pam!privsep`, a
+//! privilege-separated token (Proxmox's default for a new token) holding only its own grants
+//! (`pve::perms::PRIVSEP_GRANTS`), and `auditor@pve!ro`, a token with audit privileges only.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,6 +31,10 @@ pub struct Secrets {
     pub token_secret: String,
     /// Secret of the audit-only `auditor@pve!ro` token.
     pub audit_token_secret: String,
+    /// Secret of the privilege-separated `root@pam!privsep` token (made on first use by
+    /// a lab whose secrets predate it).
+    #[serde(default)]
+    pub privsep_token_secret: String,
     /// Key that signs tickets.
     pub ticket_key: String,
 }
@@ -70,25 +75,47 @@ impl Secrets {
     /// Reads the secrets, making them on first use.
     pub fn load_or_create(lab: &Settings) -> Result<Secrets> {
         if Self::path(lab).exists() {
-            return Self::load(lab);
+            let mut s = Self::load(lab)?;
+            if s.privsep_token_secret.is_empty() {
+                s.privsep_token_secret = uuid();
+                s.save(lab)?;
+            }
+            return Ok(s);
         }
         let s = Secrets {
             root_password: random_hex(12),
             token_secret: uuid(),
             audit_token_secret: uuid(),
+            privsep_token_secret: uuid(),
             ticket_key: random_hex(32),
         };
+        s.save(lab)?;
+        Ok(s)
+    }
+
+    fn save(&self, lab: &Settings) -> Result<()> {
         std::fs::create_dir_all(lab.secrets_dir())?;
         let p = Self::path(lab);
-        std::fs::write(&p, serde_json::to_string_pretty(&s)? + "\n")?;
+        let tmp = p.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")?;
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
-        Ok(s)
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, &p)?;
+        Ok(())
     }
 
     /// `PVE_TOKEN` for root's token.
     pub fn root_token(&self) -> String {
         format!("root@pam!lab={}", self.token_secret)
+    }
+
+    /// The privilege-separated token.
+    pub fn privsep_token(&self) -> String {
+        format!(
+            "root@pam!{}={}",
+            crate::pve::perms::PRIVSEP_TOKEN,
+            self.privsep_token_secret
+        )
     }
 
     /// The audit-only token.
@@ -170,6 +197,7 @@ pub fn authenticate(secrets: &Secrets, headers: &HeaderMap, is_write: bool) -> A
         let known = match (userid, name) {
             ("root@pam", "lab") => Some(&secrets.token_secret),
             ("auditor@pve", "ro") => Some(&secrets.audit_token_secret),
+            ("root@pam", crate::pve::perms::PRIVSEP_TOKEN) => Some(&secrets.privsep_token_secret),
             _ => None,
         };
         return match known {

@@ -208,6 +208,7 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
         (Method::GET, ["cluster", "nextid"]) => super::cluster::nextid(app, &ctx),
         (Method::GET, ["nodes"]) => super::cluster::nodes(app),
         (Method::GET, ["cluster", "resources"]) => super::cluster::resources(app, &ctx),
+        (Method::GET, ["access", "permissions"]) => permissions(&ctx),
         (Method::GET, ["nodes", _]) => {
             Ok(subdirs(&["lxc", "storage", "tasks", "status", "version"]))
         }
@@ -227,6 +228,42 @@ fn dispatch(app: &App, mut ctx: Ctx) -> ApiResult<Reply> {
         }))),
         _ => Err(not_implemented(&ctx)),
     }
+}
+
+/// `GET /access/permissions`: the caller's own effective privileges, at `path` or at
+/// each path it holds something on (another user's need `Sys.Audit` on `/access`).
+fn permissions(ctx: &Ctx) -> ApiResult<Reply> {
+    if let Some(other) = ctx.params.str("userid")
+        && other != ctx.user.authid()
+    {
+        ctx.user.check("/access", &["Sys.Audit"])?;
+        return Err(ApiError::new(
+            501,
+            "lab: permissions of another user are not modelled",
+        ));
+    }
+    let privs = |path: &str| -> Value {
+        Value::Object(
+            ctx.user
+                .privileges(path)
+                .into_iter()
+                .map(|p| (p.to_string(), json!(1)))
+                .collect(),
+        )
+    };
+    let paths: Vec<String> = match ctx.params.str("path") {
+        Some(p) => vec![p],
+        None if ctx.user.token.as_deref() == Some(crate::pve::perms::PRIVSEP_TOKEN) => {
+            crate::pve::perms::PRIVSEP_GRANTS
+                .iter()
+                .map(|(p, _)| p.to_string())
+                .collect()
+        }
+        None => vec!["/".to_string()],
+    };
+    Ok(Reply::data(Value::Object(
+        paths.iter().map(|p| (p.clone(), privs(p))).collect(),
+    )))
 }
 
 /// The private fault switch: `GET` lists, `POST` adds a rule (JSON body), `DELETE` clears.

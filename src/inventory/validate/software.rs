@@ -3,10 +3,50 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Validator;
+use crate::inventory::Pos;
+use crate::inventory::apt::AptRepository;
 use crate::inventory::container::Container;
 use crate::inventory::text::Name;
+use crate::resources::apt_source::{nvidia_distribution, openpgp};
 
 impl Validator<'_> {
+    /// A keyed repository: suites, and a key pinned by a whole fingerprint, unless the
+    /// user wrote `trusted: true`.
+    fn apt_repository(&mut self, repo: &AptRepository, at: Pos) {
+        if repo.suites.is_empty() {
+            self.err(
+                repo.uri.pos,
+                "an APT repository needs `suites`",
+                "a flat repository (NVIDIA's) has `suites: [\"/\"]`; others name theirs, e.g. `[bookworm]` with `components: [main]`",
+            );
+        }
+        match &repo.key {
+            None if !repo.trusted.value => self.err(
+                at,
+                format!("APT repository {} has no signing key", repo.uri.value),
+                "add `key: { url: ..., fingerprint: ... }` (or `file:`) with the key's full fingerprint; `trusted: true` skips signatures and is yours to write",
+            ),
+            None => {}
+            Some(k) => {
+                if k.url.is_some() == k.file.is_some() {
+                    self.err(
+                        k.fingerprint.pos,
+                        "a key has exactly one of `url` and `file`",
+                        "`url:` the target fetches it from; `file:` a key file beside the inventory",
+                    );
+                }
+                let fpr = openpgp::normalize(k.fingerprint.as_str());
+                if !matches!(fpr.len(), 40 | 64) || !fpr.chars().all(|c| c.is_ascii_hexdigit()) {
+                    self.err(
+                        k.fingerprint.pos,
+                        format!("`{}` is not a whole key fingerprint", k.fingerprint.value),
+                        "write all 40 hex digits, as `gpg --show-keys --with-colons KEYFILE` prints them on the `fpr` line (a short key ID is not a pin)",
+                    );
+                }
+            }
+        }
+    }
+
     pub(super) fn software(&mut self, ct: &Container) {
         for p in &ct.packages {
             let (name, version) = match p.as_str().split_once('=') {
@@ -44,13 +84,42 @@ impl Validator<'_> {
                     "give each source its own name",
                 );
             }
-            let line = s.line.as_str();
-            if !(line.starts_with("deb ") || line.starts_with("deb-src ")) {
-                self.err(
-                    s.line.pos,
-                    format!("`{line}` is not a one-line APT source"),
-                    "write `deb [options] URI SUITE [COMPONENT...]`",
-                );
+            match (&s.line, s.repository()) {
+                (Some(line), None) => {
+                    let text = line.as_str();
+                    if !(text.starts_with("deb ") || text.starts_with("deb-src ")) {
+                        self.err(
+                            line.pos,
+                            format!("`{text}` is not a one-line APT source"),
+                            "write `deb [options] URI SUITE [COMPONENT...]`",
+                        );
+                    }
+                }
+                (None, Some(repo)) => self.apt_repository(&repo, s.name.pos),
+                (Some(line), Some(_)) => self.err(
+                    line.pos,
+                    format!("APT source `{}` has both `line` and `uri`", s.name.value),
+                    "write either the one-line `line:` or `uri:`/`suites:`/`key:`",
+                ),
+                (None, None) => self.err(
+                    s.name.pos,
+                    format!("APT source `{}` has no `uri`", s.name.value),
+                    "write `uri:`, `suites:` and `key: { url: ..., fingerprint: ... }` (or a one-line `line:`)",
+                ),
+            }
+        }
+        if let Some(cuda) = &ct.cuda {
+            match &cuda.repository {
+                Some(repo) => self.apt_repository(repo, cuda.version.pos),
+                None if nvidia_distribution(ct.template.as_str()).is_none() => self.err(
+                    ct.template.pos,
+                    format!(
+                        "cannot tell which of NVIDIA's CUDA repositories fits template `{}`",
+                        ct.template.value
+                    ),
+                    "set `cuda.repository` (uri, suites, key with its fingerprint): NVIDIA's for your distribution or a local mirror",
+                ),
+                None => {}
             }
         }
         if let Some(env) = &ct.ml_env {

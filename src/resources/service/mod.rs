@@ -331,7 +331,7 @@ impl Resource for ServiceSpec {
             && !d.attributes.is_empty()
         {
             d = d.reason(format!(
-                "after starting: wait until {} lists `{}` (deadline {}s, a hang is called after {}s without progress: no log line, output, reads, CPU or GPU memory growth)",
+                "after starting: wait until {} lists `{}` (deadline {}s, longer while it makes progress; a hang is called after {}s without progress: no log line, output, reads, CPU or GPU memory growth)",
                 r.url,
                 r.served_model_name,
                 r.deadline_ms / 1000,

@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::apt;
+use super::apt_source;
 use super::container::PveContainerFact;
 use super::cuda::{self, CudaFact};
 use super::directory;
@@ -101,6 +102,11 @@ pub enum Probe {
         /// The node's root prefix (empty on real nodes).
         root: String,
     },
+    /// The fingerprints of the keys in an APT keyring.
+    AptKey {
+        /// The keyring file.
+        path: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -133,6 +139,8 @@ pub enum Fact {
     NvidiaHost(Option<NvidiaHostFact>),
     /// Answer to [`Probe::GpuUserspace`] (always `Some` when read).
     GpuUserspace(Option<UserspaceFact>),
+    /// Answer to [`Probe::AptKey`] (empty: a file holding no readable key).
+    AptKey(Option<Vec<String>>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -237,6 +245,10 @@ impl Facts {
         /// A container's NVIDIA userspace.
         gpu_userspace, GpuUserspace, UserspaceFact
     );
+    accessor!(
+        /// An APT keyring's key fingerprints.
+        apt_key, AptKey, Vec<String>
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -279,6 +291,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
         )?),
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
         Probe::GpuUserspace {} => Fact::GpuUserspace(gpu_userspace::read()),
+        Probe::AptKey { path } => Fact::AptKey(apt_source::read_keyring(Path::new(path))?),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -365,6 +378,19 @@ pub enum Step {
         group: String,
         /// Permission bits.
         mode: u32,
+    },
+    /// Write an APT repository's signing key, refused unless it has the pinned fingerprint.
+    AptKey {
+        /// The source's name, for messages.
+        source: String,
+        /// The keyring file.
+        path: String,
+        /// Where the target fetches the key.
+        url: Option<String>,
+        /// Or the key itself (base64), read on the workstation.
+        key: Option<String>,
+        /// The pinned fingerprint.
+        fingerprint: String,
     },
     /// Install Debian packages in one non-interactive transaction.
     AptInstall {
@@ -453,6 +479,9 @@ impl Step {
             Step::WriteFile { path, .. } => format!("write {path}"),
             Step::Mkdir { path, .. } => format!("mkdir {path}"),
             Step::AptInstall { packages } => format!("apt-get install {}", packages.join(" ")),
+            Step::AptKey {
+                path, fingerprint, ..
+            } => format!("write key {fingerprint} to {path}"),
             Step::CreateVenv { path, python, .. } => format!("python{python} -m venv {path}"),
             Step::PipInstall {
                 venv,
@@ -535,6 +564,13 @@ impl Step {
                 mode,
             } => directory::mkdir(Path::new(path), owner, group, *mode),
             Step::AptInstall { packages } => apt::install(packages),
+            Step::AptKey {
+                source,
+                path,
+                url,
+                key,
+                fingerprint,
+            } => apt_source::install_key(source, path, url.as_deref(), key.as_deref(), fingerprint),
             Step::Zfs(z) => z.run(),
             Step::NodeUnit {
                 root,
