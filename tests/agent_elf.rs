@@ -14,26 +14,35 @@ fn agent() -> Vec<u8> {
     binary.unpacked().unwrap()
 }
 
-#[test]
-fn the_pushed_agent_needs_no_library_and_no_newer_kernel_than_3_10() {
-    let data = agent();
-    let data = &data[..];
+/// What an executable asks of the system that loads it, from its program headers.
+struct Needs {
+    machine: u16,
+    /// `PT_INTERP` segments (a dynamic loader to run it).
+    interpreters: usize,
+    /// `DT_NEEDED` entries (shared libraries).
+    needed: usize,
+    /// The GNU ABI note: OS and the oldest kernel (major, minor, patch).
+    abi: Option<(u32, u32, u32, u32)>,
+}
+
+fn needs(data: &[u8]) -> Needs {
     let header = elf::FileHeader64::<object::Endianness>::parse(data).unwrap();
     let endian = header.endian().unwrap();
-    assert_eq!(header.e_machine(endian), elf::EM_X86_64);
     let segments = header.program_headers(endian, data).unwrap();
-    let interp = segments
-        .iter()
-        .filter(|p| p.p_type(endian) == elf::PT_INTERP)
-        .count();
-    assert_eq!(interp, 0, "the agent names a program interpreter (ld.so)");
-    let mut needed = 0;
-    let mut abi = None;
+    let mut n = Needs {
+        machine: header.e_machine(endian),
+        interpreters: 0,
+        needed: 0,
+        abi: None,
+    };
     for p in segments {
+        if p.p_type(endian) == elf::PT_INTERP {
+            n.interpreters += 1;
+        }
         if let Some(dynamic) = p.dynamic(endian, data).unwrap() {
-            needed += dynamic
+            n.needed += dynamic
                 .iter()
-                .filter(|d| d.d_tag(endian) == u64::from(elf::DT_NEEDED))
+                .filter(|d| d.d_tag(endian) == i64::from(elf::DT_NEEDED))
                 .count();
         }
         if let Some(mut notes) = p.notes(endian, data).unwrap() {
@@ -43,21 +52,36 @@ fn the_pushed_agent_needs_no_library_and_no_newer_kernel_than_3_10() {
                         let b: [u8; 4] = note.desc()[i * 4..i * 4 + 4].try_into().unwrap();
                         endian_u32(endian, b)
                     };
-                    abi = Some((word(0), word(1), word(2), word(3)));
+                    n.abi = Some((word(0), word(1), word(2), word(3)));
                 }
             }
         }
     }
-    assert_eq!(
-        needed, 0,
-        "the agent has NEEDED entries (readelf -d shows them)"
-    );
-    let (os, major, minor, patch) = abi.expect("the agent has no GNU ABI note");
+    n
+}
+
+#[test]
+fn the_pushed_agent_needs_no_library_and_no_newer_kernel_than_3_10() {
+    let n = needs(&agent());
+    assert_eq!(n.machine, elf::EM_X86_64);
+    assert_eq!(n.interpreters, 0, "the agent names a program interpreter (ld.so)");
+    assert_eq!(n.needed, 0, "the agent has NEEDED entries (readelf -d shows them)");
+    let (os, major, minor, patch) = n.abi.expect("the agent has no GNU ABI note");
     assert_eq!(os, elf::ELF_NOTE_OS_LINUX);
     assert!(
         (major, minor, patch) <= (3, 10, 0),
         "the agent needs Linux {major}.{minor}.{patch}"
     );
+}
+
+/// The same reading of the CLI's own binary (what provision pushed before it carried an
+/// agent) finds its loader and its libraries (libssl.so.3 among them): the check above
+/// sees what it is there to refuse.
+#[test]
+fn the_cli_binary_itself_would_need_a_loader_and_libraries() {
+    let n = needs(&std::fs::read(env!("CARGO_BIN_EXE_provision")).unwrap());
+    assert_eq!(n.interpreters, 1);
+    assert!(n.needed >= 2, "{} NEEDED entries", n.needed);
 }
 
 fn endian_u32(endian: object::Endianness, b: [u8; 4]) -> u32 {

@@ -302,6 +302,8 @@ impl Conn {
             let first = stderr.lines().next().unwrap_or("").to_string();
             let detail = if stderr.contains("GLIBC") {
                 format!("its C library is older than the one the agent was built against: {first}")
+            } else if stderr.contains("error while loading shared libraries") {
+                format!("a library the agent needs is missing there: {first}")
             } else {
                 format!(
                     "it is {arch}; the agent provision carries is built for {AGENT_ARCH}: {first}"
