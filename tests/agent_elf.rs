@@ -42,7 +42,7 @@ fn needs(data: &[u8]) -> Needs {
         if let Some(dynamic) = p.dynamic(endian, data).unwrap() {
             n.needed += dynamic
                 .iter()
-                .filter(|d| d.d_tag(endian) == i64::from(elf::DT_NEEDED))
+                .filter(|d| d.d_tag(endian) == elf::DT_NEEDED)
                 .count();
         }
         if let Some(mut notes) = p.notes(endian, data).unwrap() {
@@ -64,8 +64,14 @@ fn needs(data: &[u8]) -> Needs {
 fn the_pushed_agent_needs_no_library_and_no_newer_kernel_than_3_10() {
     let n = needs(&agent());
     assert_eq!(n.machine, elf::EM_X86_64);
-    assert_eq!(n.interpreters, 0, "the agent names a program interpreter (ld.so)");
-    assert_eq!(n.needed, 0, "the agent has NEEDED entries (readelf -d shows them)");
+    assert_eq!(
+        n.interpreters, 0,
+        "the agent names a program interpreter (ld.so)"
+    );
+    assert_eq!(
+        n.needed, 0,
+        "the agent has NEEDED entries (readelf -d shows them)"
+    );
     let (os, major, minor, patch) = n.abi.expect("the agent has no GNU ABI note");
     assert_eq!(os, elf::ELF_NOTE_OS_LINUX);
     assert!(

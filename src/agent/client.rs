@@ -72,6 +72,16 @@ pub enum AgentError {
         /// The agent's provision version.
         their_version: String,
     },
+    /// This provision was built without the agent it pushes.
+    #[error(
+        "cannot reach {target}: this provision carries no agent (it was built before the \
+         agent was); hint: run scripts/build-agent, then build provision again (scripts/run \
+         does both), or set PROVISION_AGENT_BINARY to a provision-agent binary"
+    )]
+    NotCarried {
+        /// The target.
+        target: String,
+    },
     /// A probe could not be answered (which must not be taken as "absent").
     #[error("cannot read {what} on {target}: {error}")]
     Probe {
@@ -142,6 +152,7 @@ pub enum AgentError {
 /// The agent this provision pushes to targets, as it travels: its sha256 (which names it
 /// in the target's cache) and a zstd frame of it; read once per run.
 pub struct AgentBinary {
+    /// Empty when this provision carries no agent: nothing to push, said when needed.
     sha256: String,
     zstd: Cow<'static, [u8]>,
     /// A gzip stream of it, made on first need for a target without `zstd`.
@@ -167,17 +178,16 @@ pub enum Wire {
 }
 
 impl AgentBinary {
-    /// The agent this provision carries, or the binary `PROVISION_AGENT_BINARY` names.
+    /// The agent this provision carries, or the binary `PROVISION_AGENT_BINARY` names. A
+    /// provision built without one still reads Proxmox targets; a guest says what is missing.
     pub fn current() -> std::io::Result<Self> {
         match std::env::var_os("PROVISION_AGENT_BINARY") {
             Some(p) => Self::from_path(PathBuf::from(p)),
-            None => Self::embedded().ok_or_else(|| {
-                std::io::Error::other(
-                    "this provision carries no agent (it was built before the agent was): \
-                     run scripts/build-agent, then build provision again (scripts/run does \
-                     both), or set PROVISION_AGENT_BINARY to a provision-agent binary",
-                )
-            }),
+            None => Ok(Self::embedded().unwrap_or(AgentBinary {
+                sha256: String::new(),
+                zstd: Cow::Borrowed(&[]),
+                gzip: OnceLock::new(),
+            })),
         }
     }
 
@@ -266,6 +276,11 @@ impl Conn {
     /// Sends one request, which must be answered within `timeout`; pushes the binary first
     /// if the target lacks it.
     fn call(&self, request: &Request, timeout: Duration) -> Result<Vec<Event>, AgentError> {
+        if self.binary.sha256.is_empty() {
+            return Err(AgentError::NotCarried {
+                target: self.target(),
+            });
+        }
         let body = serde_json::to_vec(request).map_err(|e| AgentError::Protocol {
             target: self.target(),
             detail: e.to_string(),
