@@ -117,3 +117,19 @@ fn the_agent_travels_compressed_and_unpacks_to_its_hash() {
         .unwrap();
     assert_eq!(unpacked, raw);
 }
+
+/// The agent links none of the CLI's crates: code linked in leaves its crate's source paths
+/// (panic locations) in the binary, as the CLI's own binary shows for each of them.
+#[test]
+fn the_agent_links_no_cli_ssh_template_or_schema_crate() {
+    let agent = agent();
+    let cli = std::fs::read(env!("CARGO_BIN_EXE_provision")).unwrap();
+    let has = |bytes: &[u8], word: &str| bytes.windows(word.len()).any(|w| w == word.as_bytes());
+    for krate in ["/clap_builder-", "/ssh2-", "/handlebars-", "/schemars-"] {
+        assert!(
+            has(&cli, krate),
+            "the CLI has no {krate}: the check reads nothing"
+        );
+        assert!(!has(&agent, krate), "the agent links {krate}");
+    }
+}
