@@ -1,6 +1,6 @@
 //! Embeds the agent the CLI pushes to its targets: the static build of `crates/agent` that
 //! `scripts/build-agent` writes where `PROVISION_AGENT` (set in `.cargo/config.toml`) says,
-//! compressed with zstd once here, with its sha256. Cargo cannot build it from here (a
+//! compressed once here (zstd, and gzip for targets without zstd), with its sha256. Cargo cannot build it from here (a
 //! nested cargo on the same target directory waits on its own lock), so the scripts build
 //! it first; without it the CLI carries no agent and says so when it needs one.
 
@@ -26,11 +26,20 @@ fn main() {
     };
     let sha = hex::encode(Sha256::digest(&bytes));
     let zst = out.join("agent.zst");
+    let gz = out.join("agent.gz");
     let sha_file = out.join("agent.sha256");
-    // Compressing at level 19 takes seconds: only when the agent changed.
-    if std::fs::read_to_string(&sha_file).ok().as_deref() != Some(sha.as_str()) || !zst.exists() {
+    // Compressing at the highest levels takes seconds: only when the agent changed, and
+    // here rather than in every run that meets a target without zstd.
+    if std::fs::read_to_string(&sha_file).ok().as_deref() != Some(sha.as_str())
+        || !zst.exists()
+        || !gz.exists()
+    {
         let packed = zstd::bulk::compress(&bytes, 19).expect("zstd compresses in memory");
         std::fs::write(&zst, packed).expect("OUT_DIR is writable");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut enc, &bytes).expect("gzip compresses in memory");
+        std::fs::write(&gz, enc.finish().expect("gzip compresses in memory"))
+            .expect("OUT_DIR is writable");
         std::fs::write(&sha_file, &sha).expect("OUT_DIR is writable");
     }
     println!("cargo::rustc-cfg=embedded_agent");

@@ -155,8 +155,8 @@ pub struct AgentBinary {
     /// Empty when this provision carries no agent: nothing to push, said when needed.
     sha256: String,
     zstd: Cow<'static, [u8]>,
-    /// A gzip stream of it, made on first need for a target without `zstd`.
-    gzip: OnceLock<Vec<u8>>,
+    /// A gzip stream of it for a target without `zstd`: embedded, or made on first need.
+    gzip: OnceLock<Cow<'static, [u8]>>,
 }
 
 impl std::fmt::Debug for AgentBinary {
@@ -198,7 +198,9 @@ impl AgentBinary {
             Some(AgentBinary {
                 sha256: include_str!(concat!(env!("OUT_DIR"), "/agent.sha256")).to_string(),
                 zstd: Cow::Borrowed(include_bytes!(concat!(env!("OUT_DIR"), "/agent.zst"))),
-                gzip: OnceLock::new(),
+                gzip: OnceLock::from(Cow::Borrowed(
+                    &include_bytes!(concat!(env!("OUT_DIR"), "/agent.gz"))[..],
+                )),
             })
         }
         #[cfg(not(embedded_agent))]
@@ -241,7 +243,7 @@ impl AgentBinary {
                     flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
                 std::io::Write::write_all(&mut enc, &raw)?;
                 let gzip = enc.finish()?;
-                Ok(self.gzip.get_or_init(|| gzip))
+                Ok(self.gzip.get_or_init(|| Cow::Owned(gzip)))
             }
         }
     }
