@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod agent;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod diagnostic;
 pub mod engine;

@@ -17,7 +17,8 @@ pub enum Verbosity {
 }
 
 /// When to colour output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ColorChoice {
     /// Colour when the stream is a terminal and `NO_COLOR` is unset.
     Auto,

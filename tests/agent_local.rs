@@ -46,8 +46,9 @@ impl Transport for Counting {
     }
 }
 
+/// The agent provision carries (scripts/build-agent), as the CLI pushes it.
 fn binary() -> Arc<AgentBinary> {
-    Arc::new(AgentBinary::from_path(env!("CARGO_BIN_EXE_provision").into()).unwrap())
+    Arc::new(AgentBinary::current().unwrap())
 }
 
 fn reader(t: &Arc<Counting>, agent_dir: &Path) -> Box<dyn TargetReader> {
@@ -249,10 +250,10 @@ fn an_offline_plan_is_refused_before_any_connection() {
     assert!(!connected.load(std::sync::atomic::Ordering::SeqCst));
 }
 
-/// A second provision version: the same program with other bytes, so another sha256.
+/// A second provision version: the same agent with other bytes, so another sha256.
 fn other_version(dir: &Path) -> Arc<AgentBinary> {
     let path = dir.join("provision-other");
-    let mut bytes = std::fs::read(env!("CARGO_BIN_EXE_provision")).unwrap();
+    let mut bytes = binary().unpacked().unwrap();
     bytes.extend_from_slice(b"\0another provision version\0");
     std::fs::write(&path, bytes).unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -355,4 +356,44 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
     // A comes back by itself on its next read.
     read_with(&a);
     assert_eq!(cached(&agent_dir).len(), 2);
+}
+
+/// An agent that speaks another protocol (another provision version's, found in the cache
+/// under the name this one expects, or named by `PROVISION_AGENT_BINARY`) is refused with
+/// both versions named, before anything past its greeting is read. The stand-in answers
+/// as such an agent does: its greeting line in the form every version keeps, then an
+/// event this version does not know.
+#[test]
+fn an_agent_of_another_protocol_is_refused_naming_both_versions() {
+    use provision::resources::wire::{PROTOCOL_VERSION, Probe};
+    let tmp = tempfile::tempdir().unwrap();
+    let other = PROTOCOL_VERSION + 1;
+    let path = tmp.path().join("provision-agent-next");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\n\
+             echo '{{\"event\":\"hello\",\"protocol\":{other},\"version\":\"9.0.0\"}}'\n\
+             echo '{{\"event\":\"facts_v{other}\",\"rows\":[]}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let t = Arc::new(Counting::default());
+    let agent_dir = tmp.path().join("agent");
+    let reader = AgentReader::new(t, Arc::new(AgentBinary::from_path(path).unwrap()))
+        .with_dir(agent_dir.to_str().unwrap());
+    let err = reader
+        .read(&[Probe::Path {
+            path: "/etc/hostname".into(),
+        }])
+        .unwrap_err()
+        .to_string();
+    let theirs = format!("speaks protocol {other} (provision 9.0.0)");
+    let ours = format!(
+        "this provision speaks protocol {PROTOCOL_VERSION} (provision {})",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(err.contains(&theirs) && err.contains(&ours), "{err}");
+    assert!(err.contains("scripts/build-agent"), "{err}");
 }

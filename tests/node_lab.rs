@@ -121,7 +121,7 @@ fn commands_files_and_the_agent_go_through_the_node() {
     // The agent is pushed and answers through the node, as in a container without sshd.
     let agent = AgentReader::new(
         Arc::new(NodeTransport::new(node.clone(), g.ct.vmid)),
-        Arc::new(AgentBinary::from_path(env!("CARGO_BIN_EXE_provision").into()).unwrap()),
+        Arc::new(AgentBinary::current().unwrap()),
     );
     let probe = Probe::Path {
         path: "/etc/provision-pushed".into(),

@@ -9,9 +9,10 @@
 //! itself prunes, at the end of an apply, and only binaries unused for days and not running
 //! (see [`super::cache`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -26,6 +27,8 @@ pub const DEFAULT_AGENT_DIR: &str = "/var/lib/provision";
 
 /// Marker the remote script prints when the agent binary is not there yet.
 const MISSING: &str = "provision-agent-missing";
+/// The architecture of the agent provision carries (scripts/build-agent).
+const AGENT_ARCH: &str = "x86_64";
 /// Marker the remote script prints when a pushed binary arrived damaged.
 const PUSH_FAILED: &str = "provision-agent-push-failed";
 /// Marker the remote script prints when the binary is there but cannot run.
@@ -52,6 +55,32 @@ pub enum AgentError {
         target: String,
         /// What went wrong.
         detail: String,
+    },
+    /// The agent speaks another protocol than this provision (a stale agent build, or
+    /// `PROVISION_AGENT_BINARY` naming another version's).
+    #[error(
+        "the agent on {target} speaks protocol {theirs} (provision {their_version}) but this \
+         provision speaks protocol {PROTOCOL_VERSION} (provision {}); hint: rebuild both \
+         with scripts/build-agent then cargo build, or unset PROVISION_AGENT_BINARY",
+        env!("CARGO_PKG_VERSION")
+    )]
+    ProtocolMismatch {
+        /// The target.
+        target: String,
+        /// The agent's protocol version.
+        theirs: u32,
+        /// The agent's provision version.
+        their_version: String,
+    },
+    /// This provision was built without the agent it pushes.
+    #[error(
+        "cannot reach {target}: this provision carries no agent (it was built before the \
+         agent was); hint: run scripts/build-agent, then build provision again (scripts/run \
+         does both), or set PROVISION_AGENT_BINARY to a provision-agent binary"
+    )]
+    NotCarried {
+        /// The target.
+        target: String,
     },
     /// A probe could not be answered (which must not be taken as "absent").
     #[error("cannot read {what} on {target}: {error}")]
@@ -120,44 +149,75 @@ pub enum AgentError {
     },
 }
 
-/// This binary, as it is pushed to targets: read and hashed once per run.
+/// The agent this provision pushes to targets, as it travels: its sha256 (which names it
+/// in the target's cache) and a zstd frame of it; read once per run.
 pub struct AgentBinary {
+    /// Empty when this provision carries no agent: nothing to push, said when needed.
     sha256: String,
-    bytes: Vec<u8>,
+    zstd: Cow<'static, [u8]>,
+    /// A gzip stream of it for a target without `zstd`: embedded, or made on first need.
+    gzip: OnceLock<Cow<'static, [u8]>>,
 }
 
 impl std::fmt::Debug for AgentBinary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentBinary")
             .field("sha256", &self.sha256)
-            .field("len", &self.bytes.len())
+            .field("zstd_len", &self.zstd.len())
             .finish()
     }
 }
 
-/// The running executable's own inode, whatever became of its path.
-const SELF_EXE: &str = "/proc/self/exe";
+/// How a pushed agent is compressed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// zstd, where the target has the `zstd` command (Proxmox VE nodes do).
+    Zstd,
+    /// gzip, which every Debian and Ubuntu has (it is essential).
+    Gzip,
+}
 
 impl AgentBinary {
-    /// The running executable, or `PROVISION_AGENT_BINARY` when set.
+    /// The agent this provision carries, or the binary `PROVISION_AGENT_BINARY` names. A
+    /// provision built without one still reads Proxmox targets; a guest says what is missing.
     pub fn current() -> std::io::Result<Self> {
-        let path = match std::env::var_os("PROVISION_AGENT_BINARY") {
-            Some(p) => PathBuf::from(p),
-            // The running binary itself: `/proc/self/exe` opens the inode this process
-            // runs even when its file was replaced (an upgrade during an hours-long
-            // apply) or deleted, where the path `current_exe` names would give the new
-            // version, or nothing, to push as this version's agent.
-            None if Path::new(SELF_EXE).exists() => PathBuf::from(SELF_EXE),
-            None => std::env::current_exe()?,
-        };
-        Self::from_path(path)
+        match std::env::var_os("PROVISION_AGENT_BINARY") {
+            Some(p) => Self::from_path(PathBuf::from(p)),
+            None => Ok(Self::embedded().unwrap_or(AgentBinary {
+                sha256: String::new(),
+                zstd: Cow::Borrowed(&[]),
+                gzip: OnceLock::new(),
+            })),
+        }
     }
 
-    /// The provision binary at `path`.
+    /// The agent embedded at build time (see `build.rs`), if it was built first.
+    pub fn embedded() -> Option<Self> {
+        #[cfg(embedded_agent)]
+        {
+            Some(AgentBinary {
+                sha256: include_str!(concat!(env!("OUT_DIR"), "/agent.sha256")).to_string(),
+                zstd: Cow::Borrowed(include_bytes!(concat!(env!("OUT_DIR"), "/agent.zst"))),
+                gzip: OnceLock::from(Cow::Borrowed(
+                    &include_bytes!(concat!(env!("OUT_DIR"), "/agent.gz"))[..],
+                )),
+            })
+        }
+        #[cfg(not(embedded_agent))]
+        None
+    }
+
+    /// The binary at `path` (another build of the agent, in tests and overrides).
     pub fn from_path(path: PathBuf) -> std::io::Result<Self> {
         let bytes = std::fs::read(&path)?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        Ok(AgentBinary { sha256, bytes })
+        // A fast level: this is not the carried agent, whose frame is made once at build.
+        let zstd = zstd::bulk::compress(&bytes, 3)?;
+        Ok(AgentBinary {
+            sha256,
+            zstd: Cow::Owned(zstd),
+            gzip: OnceLock::new(),
+        })
     }
 
     /// The binary's sha256.
@@ -165,8 +225,27 @@ impl AgentBinary {
         &self.sha256
     }
 
-    fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// The binary itself, as it lands on a target.
+    pub fn unpacked(&self) -> std::io::Result<Vec<u8>> {
+        zstd::stream::decode_all(&self.zstd[..])
+    }
+
+    /// The bytes pushed to a target that decompresses `wire`.
+    pub fn packed(&self, wire: Wire) -> std::io::Result<&[u8]> {
+        match wire {
+            Wire::Zstd => Ok(&self.zstd),
+            Wire::Gzip => {
+                if let Some(g) = self.gzip.get() {
+                    return Ok(g);
+                }
+                let raw = self.unpacked()?;
+                let mut enc =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+                std::io::Write::write_all(&mut enc, &raw)?;
+                let gzip = enc.finish()?;
+                Ok(self.gzip.get_or_init(|| Cow::Owned(gzip)))
+            }
+        }
     }
 }
 
@@ -199,21 +278,36 @@ impl Conn {
     /// Sends one request, which must be answered within `timeout`; pushes the binary first
     /// if the target lacks it.
     fn call(&self, request: &Request, timeout: Duration) -> Result<Vec<Event>, AgentError> {
+        if self.binary.sha256.is_empty() {
+            return Err(AgentError::NotCarried {
+                target: self.target(),
+            });
+        }
         let body = serde_json::to_vec(request).map_err(|e| AgentError::Protocol {
             target: self.target(),
             detail: e.to_string(),
         })?;
         let bin = shell_quote(&self.remote_binary());
+        // A missing agent is pushed in the same connection's next command, compressed with
+        // what the target has: the marker says whether that is zstd.
         let script = format!(
-            "p={bin}; if [ ! -x \"$p\" ]; then echo {MISSING}; exit 0; fi; \"$p\" agent; rc=$?; \
+            "p={bin}; if [ ! -x \"$p\" ]; then if command -v zstd >/dev/null 2>&1; \
+             then echo {MISSING} zstd; else echo {MISSING} gzip; fi; exit 0; fi; \
+             \"$p\" agent; rc=$?; \
              if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
         let mut out = self.transport.exec(&script, &body, timeout)?;
         // 127 with no output: the binary vanished between the test and exec (pruned by
         // an apply of another version after days unused); push it again.
         let vanished = out.status == Some(127) && out.stdout.is_empty();
-        if vanished || out.stdout_text().trim() == MISSING {
-            out = self.push_and_call(&body)?;
+        let missing = out
+            .stdout_text()
+            .trim()
+            .strip_prefix(MISSING)
+            .map(str::trim)
+            .map(|w| if w == "zstd" { Wire::Zstd } else { Wire::Gzip });
+        if vanished || missing.is_some() {
+            out = self.push_and_call(&body, missing.unwrap_or(Wire::Gzip))?;
         }
         let stderr = out.stderr_text();
         if stderr.contains(EXEC_FAILED) {
@@ -224,11 +318,12 @@ impl Conn {
                 .unwrap_or("?");
             let first = stderr.lines().next().unwrap_or("").to_string();
             let detail = if stderr.contains("GLIBC") {
-                format!("its C library is older than the one provision was built against: {first}")
+                format!("its C library is older than the one the agent was built against: {first}")
+            } else if stderr.contains("error while loading shared libraries") {
+                format!("a library the agent needs is missing there: {first}")
             } else {
                 format!(
-                    "it is {arch}; this provision is built for {}: {first}",
-                    std::env::consts::ARCH
+                    "it is {arch}; the agent provision carries is built for {AGENT_ARCH}: {first}"
                 )
             };
             return Err(AgentError::CannotRun {
@@ -236,55 +331,80 @@ impl Conn {
                 detail,
             });
         }
-        let mut events = Vec::new();
-        for line in out.stdout_text().lines().filter(|l| !l.trim().is_empty()) {
-            let event: Event = serde_json::from_str(line).map_err(|e| AgentError::Protocol {
-                target: self.target(),
-                detail: format!("{e} in `{line}`"),
-            })?;
-            events.push(event);
-        }
-        match events.first() {
-            Some(Event::Hello { protocol, .. }) if *protocol == PROTOCOL_VERSION => {}
-            _ => {
-                return Err(AgentError::Protocol {
+        let text = out.stdout_text();
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+        // The greeting first, alone: an agent of another protocol may answer the rest in a
+        // form this one cannot read, and the greeting is what says so.
+        match lines.next().map(serde_json::from_str::<Event>) {
+            Some(Ok(Event::Hello { protocol, version })) if protocol != PROTOCOL_VERSION => {
+                Err(AgentError::ProtocolMismatch {
                     target: self.target(),
-                    detail: format!(
-                        "no greeting (exit {:?}): {}",
-                        out.status,
-                        stderr.lines().take(5).collect::<Vec<_>>().join(" / ")
-                    ),
-                });
+                    theirs: protocol,
+                    their_version: version,
+                })
             }
-        }
-        if let Some(Event::BadRequest { error }) = events.get(1) {
-            return Err(AgentError::Protocol {
+            Some(Ok(hello @ Event::Hello { .. })) => {
+                let mut events = vec![hello];
+                for line in lines {
+                    let event: Event =
+                        serde_json::from_str(line).map_err(|e| AgentError::Protocol {
+                            target: self.target(),
+                            detail: format!("{e} in `{line}`"),
+                        })?;
+                    events.push(event);
+                }
+                if let Some(Event::BadRequest { error }) = events.get(1) {
+                    return Err(AgentError::Protocol {
+                        target: self.target(),
+                        detail: error.clone(),
+                    });
+                }
+                Ok(events)
+            }
+            _ => Err(AgentError::Protocol {
                 target: self.target(),
-                detail: error.clone(),
-            });
+                detail: format!(
+                    "no greeting (exit {:?}): {}",
+                    out.status,
+                    stderr.lines().take(5).collect::<Vec<_>>().join(" / ")
+                ),
+            }),
         }
-        Ok(events)
     }
 
-    /// Adds this binary to the target's agent cache (checked by sha256; nothing else there
-    /// is touched) and answers the request in the same round trip: stdin is the request on one line (the
-    /// shell's `read` takes exactly that line), then the binary.
-    fn push_and_call(&self, body: &[u8]) -> Result<crate::transport::ExecOutput, AgentError> {
+    /// Adds the agent to the target's agent cache (compressed as `wire` says, checked by
+    /// sha256 once unpacked; nothing else there is touched) and answers the request in the
+    /// same round trip: stdin is the request on one line (the shell's `read` takes exactly
+    /// that line), then the packed binary.
+    fn push_and_call(
+        &self,
+        body: &[u8],
+        wire: Wire,
+    ) -> Result<crate::transport::ExecOutput, AgentError> {
         let dir = shell_quote(&format!("{}/bin", self.dir));
         let dest = shell_quote(&self.remote_binary());
         let sha = &self.binary.sha256;
+        let unpack = match wire {
+            Wire::Zstd => "zstd -dcq",
+            Wire::Gzip => "gzip -dc",
+        };
         let script = format!(
-            "set -e; umask 022; IFS= read -r req; mkdir -p {dir}; t=$(mktemp {dir}/.push.XXXXXX); cat > \"$t\"; \
+            "set -e; umask 022; IFS= read -r req; mkdir -p {dir}; t=$(mktemp {dir}/.push.XXXXXX); \
+             if ! {unpack} > \"$t\"; then rm -f \"$t\"; echo \"{PUSH_FAILED} cannot unpack ({unpack})\" >&2; exit 3; fi; \
              sum=$(sha256sum \"$t\" | cut -d' ' -f1); \
              if [ \"$sum\" != {sha} ]; then rm -f \"$t\"; echo \"{PUSH_FAILED} checksum $sum after transfer\" >&2; exit 3; fi; \
              chmod 755 \"$t\"; mv -f \"$t\" {dest}; \
              set +e; printf '%s\\n' \"$req\" | {dest} agent; rc=$?; \
              if [ $rc -ge 126 ]; then echo \"{EXEC_FAILED} arch=$(uname -m) rc=$rc\" >&2; fi; exit $rc"
         );
+        let packed = self.binary.packed(wire).map_err(|e| AgentError::Push {
+            target: self.target(),
+            detail: format!("cannot compress the agent: {e}"),
+        })?;
         // serde_json writes no raw newlines, so the request is exactly one line.
         let mut stdin = body.to_vec();
         stdin.push(b'\n');
-        stdin.extend_from_slice(self.binary.bytes());
+        stdin.extend_from_slice(packed);
         let out = self
             .transport
             .exec(&script, &stdin, Duration::from_secs(600))?;

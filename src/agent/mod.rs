@@ -1,6 +1,7 @@
-//! What runs on the target. provision pushes its own binary there (content-addressed
-//! under `/var/lib/provision/`) and runs `provision agent`, which reads one JSON
-//! [`Request`] on stdin and answers with JSON lines on stdout: all facts of a host in one
+//! What runs on the target. provision pushes the agent it carries there (its own build,
+//! `crates/agent`: no CLI, no SSH client, static; content-addressed under
+//! `/var/lib/provision/`) and runs `<agent> agent`, which reads one JSON [`Request`] on
+//! stdin and answers with JSON lines on stdout: all facts of a host in one
 //! round trip; an apply's steps run detached from the connection ([`run`]), followed by
 //! short round trips; large work (hashing, downloads) runs next to the data instead of
 //! through the workstation.
@@ -11,8 +12,23 @@ pub mod client;
 pub mod run;
 
 use std::io::{BufRead, Write};
+use std::path::Path;
 
 use crate::resources::wire::{Answer, Event, PROTOCOL_VERSION, Request, answer};
+
+/// The agent's command line as the client and the runner start it: `agent` answers one
+/// request on stdin; `agent --run DIR` is the detached apply `run::start` began. Shared by
+/// `provision agent` and the agent's own build.
+pub fn main(run: Option<&Path>) -> anyhow::Result<()> {
+    if let Some(dir) = run {
+        run::runner(dir)?;
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    serve(&mut stdin.lock(), &mut stdout.lock())?;
+    Ok(())
+}
 
 /// Runs the agent: one request from `input`, events to `output`.
 pub fn serve(input: &mut dyn BufRead, output: &mut dyn Write) -> std::io::Result<()> {

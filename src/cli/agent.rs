@@ -16,14 +16,6 @@ pub struct AgentArgs {
 
 /// Runs the agent on this machine.
 pub fn run(args: &AgentArgs, _printer: &Printer) -> anyhow::Result<ExitStatus> {
-    if let Some(dir) = &args.run {
-        crate::agent::run::runner(dir)?;
-        return Ok(ExitStatus::Success);
-    }
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
-    let stdout = std::io::stdout();
-    let mut output = stdout.lock();
-    crate::agent::serve(&mut input, &mut output)?;
+    crate::agent::main(args.run.as_deref())?;
     Ok(ExitStatus::Success)
 }

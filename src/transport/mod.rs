@@ -5,7 +5,14 @@
 pub mod local;
 pub mod node;
 pub mod quote;
+#[cfg(feature = "cli")]
 pub mod ssh;
+/// Without the SSH client (the agent's build): only the known-hosts file, which the
+/// transport's errors and the node's bootstrap name.
+#[cfg(not(feature = "cli"))]
+pub mod ssh {
+    pub mod known_hosts;
+}
 
 use std::path::PathBuf;
 use std::time::Duration;
