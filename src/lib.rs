@@ -22,4 +22,5 @@ pub mod progress;
 pub mod proxmox;
 pub mod render;
 pub mod resources;
+pub mod timing;
 pub mod transport;

@@ -8,6 +8,7 @@ use super::plan::{print_read, read_targets};
 use super::targets::TargetArgs;
 use super::{ExitStatus, from_engine, prepare};
 use crate::printer::Printer;
+use crate::timing;
 
 /// Arguments of `provision check`.
 #[derive(Debug, Args)]
@@ -24,7 +25,8 @@ pub struct CheckArgs {
 /// Runs `provision check`: reads every selected target and reports drift. It holds only
 /// read contexts, so it cannot change anything.
 pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
-    let prepared = prepare(&args.inventory)?;
+    let start = std::time::Instant::now();
+    let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
     let read = read_targets(
         &args.inventory.display().to_string(),
         prepared,
@@ -33,7 +35,8 @@ pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     )?;
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).
-    print_read(&read, args.json, printer)?;
+    timing::time("print", || print_read(&read, args.json, printer))?;
+    printer.verbose(&timing::render(&timing::take(), start.elapsed()));
     let plan = read.whole().map_err(from_engine)?;
     Ok(if plan.summary.has_changes() {
         ExitStatus::Changes

@@ -13,6 +13,7 @@ use crate::engine::offline_plan;
 use crate::engine::online;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
+use crate::timing;
 
 /// Arguments of `provision plan`.
 #[derive(Debug, Args)]
@@ -37,7 +38,8 @@ pub struct PlanArgs {
 
 /// Runs `provision plan`.
 pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
-    let prepared = prepare(&args.inventory)?;
+    let start = std::time::Instant::now();
+    let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
     let read = if args.offline {
         let desired = select(prepared.desired, &args.targets)?;
         online::PartialPlan {
@@ -54,7 +56,8 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     };
     // The targets that were read are shown even when others could not be; a plan that
     // misses some is an error and is not saved.
-    print_read(&read, args.json, printer)?;
+    timing::time("print", || print_read(&read, args.json, printer))?;
+    printer.verbose(&timing::render(&timing::take(), start.elapsed()));
     let plan = read.whole().map_err(from_engine)?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
@@ -98,10 +101,12 @@ pub fn read_targets(
         .hint(crate::resources::container::MIGRATE_NOT_BUILT)
         .into());
     }
-    let (prepared, live) = super::node::with_live_gpus(prepared, targets, printer)?;
+    let (prepared, live) = timing::time("gpus: live facts", || {
+        super::node::with_live_gpus(prepared, targets, printer)
+    })?;
     let desired = select(prepared.desired, targets)?;
     let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets);
-    let binary = Arc::new(AgentBinary::current()?);
+    let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
     let conns = Connections::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
     let read = online::plan(
@@ -119,13 +124,15 @@ pub fn read_targets(
     super::ssh::refuse_keyless_creates(&read.plan, &prepared.loaded, targets)?;
     super::assumed::refuse_missing(&read.plan, &prepared.loaded, &conns, targets, printer)?;
     super::privileges::refuse_missing(&read.plan, &prepared.loaded, &conns)?;
-    read.plan = super::node::gpu_checks(
-        read.plan,
-        &desired,
-        &live,
-        &|n, v| conns.running(n, v),
-        printer,
-    )?;
+    read.plan = timing::time("gpus: checks", || {
+        super::node::gpu_checks(
+            read.plan,
+            &desired,
+            &live,
+            &|n, v| conns.running(n, v),
+            printer,
+        )
+    })?;
     conns.report_calls();
     Ok(read)
 }

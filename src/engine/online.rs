@@ -15,6 +15,7 @@ use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::service::deploy::DeployReport;
 use crate::resources::wire::Step;
+use crate::timing;
 
 /// Opens read access to one target (called from several threads at once).
 pub type Read<'a> = dyn Fn(&DesiredTarget) -> Result<Box<dyn TargetReader>, OpenError> + Sync + 'a;
@@ -59,10 +60,11 @@ pub fn plan(
         Follow::Always,
         &|i| -> Result<TargetPlan, EngineError> {
             let d = &desired[i];
-            let reader = read(d).map_err(EngineError::Open)?;
+            let reader = timing::time("open target (includes login, ssh)", || read(d))
+                .map_err(EngineError::Open)?;
             let probes = d.probes();
-            let facts = reader.read(&probes)?;
-            let mut target = diff_target(d, &facts)?;
+            let facts = timing::time(read_phase(&d.target), || reader.read(&probes))?;
+            let mut target = timing::time("diff", || diff_target(d, &facts))?;
             target.not_read = reader.not_read();
             target.read = Some(ReadStamp {
                 digest: facts.digest(&probes)?,
@@ -90,6 +92,15 @@ pub fn plan(
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
+    }
+}
+
+/// The phase name of reading one target's facts.
+fn read_phase(t: &Target) -> &'static str {
+    match t {
+        Target::Node { .. } => "read node (API, agent over SSH)",
+        Target::Container { .. } => "read container (API)",
+        Target::Guest { .. } => "read guest (agent: push if new, start, probes)",
     }
 }
 

@@ -152,6 +152,10 @@ pub struct NodeApi {
 impl NodeApi {
     /// Connects (logging in when the credentials are a password).
     pub fn connect(settings: &ApiSettings) -> Result<NodeApi, ProxmoxError> {
+        crate::timing::time("api: client setup, login", || Self::connect_now(settings))
+    }
+
+    fn connect_now(settings: &ApiSettings) -> Result<NodeApi, ProxmoxError> {
         let err = |call: &str, e| ProxmoxError::from_api(&settings.label, call, e);
         let (client, ticket) = match &settings.credentials {
             Credentials::Token(t) => (
@@ -194,9 +198,10 @@ impl NodeApi {
         params: &[(&str, &str)],
     ) -> Result<Value, ProxmoxError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.client
-            .call(method, path, params)
-            .map_err(|e| ProxmoxError::from_api(&self.label, &format!("{method} {path}"), e))
+        crate::timing::time("api: calls (TLS on a first)", || {
+            self.client.call(method, path, params)
+        })
+        .map_err(|e| ProxmoxError::from_api(&self.label, &format!("{method} {path}"), e))
     }
 
     /// `/nodes/{node}` + `rest`.

@@ -149,7 +149,7 @@ impl std::fmt::Debug for SshTransport {
 impl SshTransport {
     /// Connects (through the jump hosts, if any), checks host keys and logs in.
     pub fn connect(opts: &SshOptions) -> Result<Self, TransportError> {
-        let (conn, target) = open(opts)?;
+        let (conn, target) = crate::timing::time("ssh: connect, handshake, login", || open(opts))?;
         let conn = Arc::new(Mutex::new(conn));
         let keepalive = (!opts.keepalive_interval.is_zero())
             .then(|| start_keepalive(&conn, opts.keepalive_interval));

@@ -1,0 +1,122 @@
+//! Where a command's time goes: named phases timed from any thread into one recorder, shown
+//! with `-v` (`provision check -v`). Recording costs a lock per phase and changes nothing else.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One phase's total: how many times it ran and for how long, summed over threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    /// What ran.
+    pub name: &'static str,
+    /// How many times.
+    pub count: usize,
+    /// Summed time (threads that overlap add up).
+    pub total: Duration,
+}
+
+/// Phases in the order they first ran.
+#[derive(Debug, Default)]
+pub struct Recorder(Mutex<Vec<Phase>>);
+
+impl Recorder {
+    /// An empty recorder.
+    pub const fn new() -> Self {
+        Recorder(Mutex::new(Vec::new()))
+    }
+
+    /// Adds `took` to phase `name`.
+    pub fn record(&self, name: &'static str, took: Duration) {
+        let mut phases = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match phases.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.count += 1;
+                p.total += took;
+            }
+            None => phases.push(Phase {
+                name,
+                count: 1,
+                total: took,
+            }),
+        }
+    }
+
+    /// The phases recorded so far, emptying the recorder.
+    pub fn take(&self) -> Vec<Phase> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// The process's recorder: the engine, the API client and the transports add to it.
+static PHASES: Recorder = Recorder::new();
+
+/// Adds `took` to the process's phase `name`.
+pub fn record(name: &'static str, took: Duration) {
+    PHASES.record(name, took);
+}
+
+/// Times `f` as phase `name`.
+pub fn time<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    record(name, start.elapsed());
+    out
+}
+
+/// The process's phases recorded so far, emptying its recorder.
+pub fn take() -> Vec<Phase> {
+    PHASES.take()
+}
+
+/// The breakdown as lines for people: each phase's count, summed time and share of `wall`.
+pub fn render(phases: &[Phase], wall: Duration) -> String {
+    let width = phases.iter().map(|p| p.name.len()).max().unwrap_or(0);
+    let mut out = format!("time by phase (summed over threads; wall {}):\n", ms(wall));
+    for p in phases {
+        let share = 100.0 * p.total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+        out.push_str(&format!(
+            "  {:<width$}  {:>3}x  {:>9}  {share:>5.1}%\n",
+            p.name,
+            p.count,
+            ms(p.total)
+        ));
+    }
+    out
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_add_up_in_first_seen_order() {
+        let r = Recorder::new();
+        r.record("b", Duration::from_millis(3));
+        r.record("a", Duration::from_millis(1));
+        r.record("b", Duration::from_millis(4));
+        let got = r.take();
+        assert_eq!(
+            got,
+            vec![
+                Phase {
+                    name: "b",
+                    count: 2,
+                    total: Duration::from_millis(7)
+                },
+                Phase {
+                    name: "a",
+                    count: 1,
+                    total: Duration::from_millis(1)
+                },
+            ]
+        );
+        assert!(r.take().is_empty());
+        let text = render(&got, Duration::from_millis(14));
+        assert!(text.contains("wall 14.0 ms"), "{text}");
+        assert!(text.contains("b    2x     7.0 ms   50.0%"), "{text}");
+    }
+}
