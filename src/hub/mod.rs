@@ -20,6 +20,7 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Serialize;
 
 pub use api::{RemoteFile, install_crypto_provider};
+pub(crate) use api::error_chain;
 pub use error::HubError;
 pub use progress::{JsonLines, NoProgress, ProgressSink, PullEvent};
 pub use record::{RECORD_FILE, Record, RecordFile};
