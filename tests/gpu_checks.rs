@@ -556,7 +556,10 @@ fn the_userspace_resource_reads_the_h200_container_as_installed_only_after_the_i
         }),
         packages: vec![],
     };
-    let before = spec.diff(&userspace_facts("before")).unwrap().expect("a change");
+    let before = spec
+        .diff(&userspace_facts("before"))
+        .unwrap()
+        .expect("a change");
     assert_eq!(before.action, Action::Create);
     assert_eq!(spec.diff(&userspace_facts("after")).unwrap(), None);
     // The node's module moved on: the installed userspace is drift, an update.
@@ -565,6 +568,9 @@ fn the_userspace_resource_reads_the_h200_container_as_installed_only_after_the_i
         installer: None,
         packages: vec!["libnvidia-compute-580=580.95.05-0ubuntu1".into()],
     };
-    let d = newer.diff(&userspace_facts("after")).unwrap().expect("drift");
+    let d = newer
+        .diff(&userspace_facts("after"))
+        .unwrap()
+        .expect("drift");
     assert_eq!(d.action, Action::Update);
 }

@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::nvidia_host::unexpected;
-use crate::hub::error_chain;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
 use crate::host::HostError;
+use crate::hub::error_chain;
 use crate::plan::{Action, Attribute, Change};
 
 /// The folders the loader searches for the driver's libraries on Debian, Ubuntu and
