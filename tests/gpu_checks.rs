@@ -467,3 +467,110 @@ fn runs_through_the_local_transport_in_one_round_trip() {
     assert_eq!(status(&report, "driver"), CheckStatus::Drift);
     assert!(report.drifted());
 }
+
+/// A value of `h200x1-userspace/host/vars.txt` (what the device run used).
+fn userspace_var(name: &str) -> String {
+    fixture("h200x1-userspace/host/vars.txt")
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_string))
+        .unwrap_or_else(|| panic!("no {name} in vars.txt"))
+}
+
+/// The agent's answer to the userspace probe, as `provision agent` printed it in the
+/// container (`h200x1-userspace/<phase>/probe.txt`).
+fn userspace_facts(phase: &str) -> provision::resources::wire::Facts {
+    use provision::resources::wire::{Event, Facts};
+    let text = fixture(&format!("h200x1-userspace/{phase}/probe.txt"));
+    let event: Event = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+    let Event::Facts { answers } = event else {
+        panic!("not a facts event: {text}")
+    };
+    Facts::Read(
+        answers
+            .into_iter()
+            .map(|a| (a.probe, a.fact.expect("answered")))
+            .collect(),
+    )
+}
+
+#[test]
+fn installed_userspace_checks_ok_in_a_container_of_its_own_on_the_h200_machine() {
+    let version = userspace_var("VERSION");
+    let expect = GuestExpectations {
+        gpus: vec![userspace_var("UUID")],
+        driver_version: Some(version.clone()),
+        cuda: Some(CudaExpectation {
+            release: "13.0".into(),
+            home: "/usr/local/cuda-13.0".into(),
+        }),
+        torch: Some(TorchExpectation {
+            venv: "/opt/torch/.venv".into(),
+            tp: 1,
+        }),
+        root: String::new(),
+    };
+    let report = checks::evaluate_guest(
+        &expect,
+        &parse_sections(&fixture("h200x1-userspace/after/check-ok-probe.raw")),
+    );
+    let there: serde_json::Value =
+        serde_json::from_str(&fixture("h200x1-userspace/after/check-ok-json.txt")).unwrap();
+    assert_eq!(
+        verdicts(&serde_json::to_value(&report).unwrap()),
+        verdicts(&there)
+    );
+    assert!(!report.drifted(), "{report:?}");
+    // The libraries are the installed ones in the container's own /usr/lib, not the
+    // machine's /usr/local/nvidia (the earlier h200x1-lxc run bound that in).
+    let driver = text(&report, "driver");
+    assert!(
+        driver.contains(&format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{version}")),
+        "{driver}"
+    );
+    assert!(!driver.contains("/usr/local/nvidia"), "{driver}");
+    // Another module version on the node is named by the same probe output.
+    let other = GuestExpectations {
+        driver_version: Some("580.95.05".into()),
+        ..expect
+    };
+    let report = checks::evaluate_guest(
+        &other,
+        &parse_sections(&fixture("h200x1-userspace/after/check-ok-probe.raw")),
+    );
+    assert_eq!(status(&report, "driver"), CheckStatus::Drift);
+    assert!(text(&report, "driver").contains("differs from the kernel module 580.95.05"));
+}
+
+#[test]
+fn the_userspace_resource_reads_the_h200_container_as_installed_only_after_the_install() {
+    use provision::plan::Action;
+    use provision::resources::Resource;
+    use provision::resources::gpu_userspace::{GpuUserspaceSpec, Installer};
+    let version = userspace_var("VERSION");
+    let spec = GpuUserspaceSpec {
+        version: version.clone(),
+        installer: Some(Installer {
+            url: userspace_var("URL"),
+            sha256: userspace_var("SHA"),
+            version: Some(version.clone()),
+        }),
+        packages: vec![],
+    };
+    let before = spec
+        .diff(&userspace_facts("before"))
+        .unwrap()
+        .expect("a change");
+    assert_eq!(before.action, Action::Create);
+    assert_eq!(spec.diff(&userspace_facts("after")).unwrap(), None);
+    // The node's module moved on: the installed userspace is drift, an update.
+    let newer = GpuUserspaceSpec {
+        version: "580.95.05".into(),
+        installer: None,
+        packages: vec!["libnvidia-compute-580=580.95.05-0ubuntu1".into()],
+    };
+    let d = newer
+        .diff(&userspace_facts("after"))
+        .unwrap()
+        .expect("drift");
+    assert_eq!(d.action, Action::Update);
+}

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Serialize;
 
+pub(crate) use api::error_chain;
 pub use api::{RemoteFile, install_crypto_provider};
 pub use error::HubError;
 pub use progress::{JsonLines, NoProgress, ProgressSink, PullEvent};

@@ -20,6 +20,7 @@ use super::nvidia_host::unexpected;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
 use crate::host::HostError;
+use crate::hub::error_chain;
 use crate::plan::{Action, Attribute, Change};
 
 /// The folders the loader searches for the driver's libraries on Debian, Ubuntu and
@@ -273,23 +274,30 @@ fn download(url: &str, path: &Path) -> Result<String, HostError> {
         .build()
         .map_err(|e| fail(e.to_string()))?;
     let hash = runtime.block_on(async {
+        // Without the system's CA certificates the client cannot even be made, for an
+        // http:// URL too (measured in a bare Ubuntu 24.04 rootfs: "builder error").
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(20))
             .read_timeout(std::time::Duration::from_secs(120))
             .build()
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| {
+                fail(format!(
+                    "cannot make an HTTP client ({}): install the CA certificates (`ca-certificates`) in the container",
+                    error_chain(&e)
+                ))
+            })?;
         let mut resp = client
             .get(url)
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| fail(format!("cannot download it: {e}")))?;
+            .map_err(|e| fail(format!("cannot download it: {}", error_chain(&e))))?;
         let mut out = std::fs::File::create(&part).map_err(HostError::io("create", &part))?;
         let mut hasher = Sha256::new();
         while let Some(chunk) = resp
             .chunk()
             .await
-            .map_err(|e| fail(format!("download broke off: {e}")))?
+            .map_err(|e| fail(format!("download broke off: {}", error_chain(&e))))?
         {
             hasher.update(&chunk);
             out.write_all(&chunk)
