@@ -49,7 +49,7 @@ impl HttpClient {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| HttpError::Client(e.to_string()))?;
+            .map_err(|e| HttpError::Client(crate::hub::client_error(&e)))?;
         Ok(HttpClient { runtime, client })
     }
 

@@ -291,7 +291,17 @@ fn build_http() -> Result<reqwest::Client, HubError> {
         .tcp_nodelay(true)
         .user_agent(concat!("provision/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| HubError::Client(e.to_string()))
+        .map_err(|e| HubError::Client(client_error(&e)))
+}
+
+/// Why an HTTP client could not be made, with its cause: on a target without the system's
+/// CA certificates reqwest says only "builder error", for an `http://` URL too (measured in
+/// a bare Ubuntu 24.04 rootfs on the lent H200).
+pub(crate) fn client_error(e: &reqwest::Error) -> String {
+    format!(
+        "cannot make an HTTP client ({}): install the CA certificates (`ca-certificates`) on this machine",
+        error_chain(e)
+    )
 }
 
 /// The `rel="next"` target of a `Link` header, resolved against the page's URL.

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Serialize;
 
-pub(crate) use api::error_chain;
 pub use api::{RemoteFile, install_crypto_provider};
+pub(crate) use api::{client_error, error_chain};
 pub use error::HubError;
 pub use progress::{JsonLines, NoProgress, ProgressSink, PullEvent};
 pub use record::{RECORD_FILE, Record, RecordFile};

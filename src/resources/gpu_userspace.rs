@@ -20,7 +20,7 @@ use super::nvidia_host::unexpected;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
 use crate::host::HostError;
-use crate::hub::error_chain;
+use crate::hub::{client_error, error_chain};
 use crate::plan::{Action, Attribute, Change};
 
 /// The folders the loader searches for the driver's libraries on Debian, Ubuntu and
@@ -274,18 +274,11 @@ fn download(url: &str, path: &Path) -> Result<String, HostError> {
         .build()
         .map_err(|e| fail(e.to_string()))?;
     let hash = runtime.block_on(async {
-        // Without the system's CA certificates the client cannot even be made, for an
-        // http:// URL too (measured in a bare Ubuntu 24.04 rootfs: "builder error").
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(20))
             .read_timeout(std::time::Duration::from_secs(120))
             .build()
-            .map_err(|e| {
-                fail(format!(
-                    "cannot make an HTTP client ({}): install the CA certificates (`ca-certificates`) in the container",
-                    error_chain(&e)
-                ))
-            })?;
+            .map_err(|e| fail(client_error(&e)))?;
         let mut resp = client
             .get(url)
             .send()
