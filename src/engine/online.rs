@@ -153,6 +153,14 @@ pub fn apply(
     connect: &Connect,
     on_step: &(dyn Fn(&Target, &OpOutcome) + Sync),
 ) -> Result<Vec<TargetOutcome>, EngineError> {
+    // A plan made against an empty world is refused whole, before anything else is judged.
+    if plan.mode == PlanMode::Offline && plan.targets.iter().any(|t| !t.changes.is_empty()) {
+        return Err(Diagnostic::new(
+            "this plan was made with --offline against an empty world; nothing was changed",
+        )
+        .hint("make a plan that reads the targets: `provision plan --out FILE INVENTORY`")
+        .into());
+    }
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
@@ -198,13 +206,6 @@ pub fn apply(
         return Err(d
             .hint("apply the parts that can be with `--target guest.<name>`")
             .into());
-    }
-    if plan.mode == PlanMode::Offline && !work.is_empty() {
-        return Err(Diagnostic::new(
-            "this plan was made with --offline against an empty world; nothing was changed",
-        )
-        .hint("make a plan that reads the targets: `provision plan --out FILE INVENTORY`")
-        .into());
     }
     if options.saved {
         refuse_stale(&work, limits, connect)?;
