@@ -186,6 +186,9 @@ resources:
           python: "{python}"
           packages: [provision-probe==1.0.0]
           index: {{ url: "{mirror}/simple/" }}
+          # The toolchain the ml-env role installs by default (a C compiler, Python's
+          # headers) is on the lab's mirror for bookworm only; this test is of the agent.
+          runtime_packages: []
 "#,
                 name = o.name,
                 vmid = o.vmid,

@@ -147,8 +147,10 @@ pub fn with_login_keys(
     desired
 }
 
-/// Refuses, before anything changes, a plan that creates (or replaces) a container
-/// provision has no key to log in to: it would be made unreachable.
+/// Refuses, before anything changes, a plan that creates (or replaces) a container and
+/// then logs in to its guest with no key to log in with: the guest would be unreachable.
+/// A container planned without its guest (none declared, or `--target container.NAME`)
+/// is not logged in to here; a later plan of its guest asks again.
 pub fn refuse_keyless_creates(
     plan: &Plan,
     loaded: &Loaded,
@@ -158,6 +160,13 @@ pub fn refuse_keyless_creates(
         let Target::Container { name, .. } = &t.target else {
             continue;
         };
+        let guest_planned = plan
+            .targets
+            .iter()
+            .any(|g| matches!(&g.target, Target::Guest { name: n, .. } if n == name));
+        if !guest_planned {
+            continue;
+        }
         for c in &t.changes {
             if let ResourceSpec::Container(spec) = &c.spec
                 && matches!(c.action, Action::Create | Action::Replace)
