@@ -205,8 +205,9 @@ pub struct PipIndex {
     /// `--no-index --find-links` folder on the target.
     #[serde(default)]
     pub wheelhouse: Option<String>,
-    /// More `--find-links` (URLs or folders), beside the index.
-    #[serde(default)]
+    /// More `--find-links` (URLs or folders), beside the index (left out of the plan's
+    /// JSON when none, so a plan without them keeps its shape).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub find_links: Vec<String>,
 }
 
