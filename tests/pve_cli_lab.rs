@@ -26,6 +26,7 @@ struct Cleanup {
     api: PveClient,
     node: String,
     vmid: u32,
+    conf: PathBuf,
 }
 
 impl Drop for Cleanup {
@@ -40,6 +41,11 @@ impl Drop for Cleanup {
                 );
             }
         }
+        // A create that failed (a lab fault, a killed run) leaves its `lock: create` config
+        // behind, which DELETE refuses as Proxmox does; nothing else of it exists.
+        if std::fs::read_to_string(&self.conf).is_ok_and(|c| c.trim() == "lock: create") {
+            let _ = std::fs::remove_file(&self.conf);
+        }
     }
 }
 
@@ -48,6 +54,8 @@ fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
         api: lab.root_api().unwrap(),
         node: lab.node().to_string(),
         vmid,
+        conf: Path::new(&lab.vars["LAB_PVE_ROOT"])
+            .join(format!("nodes/{}/lxc/{vmid}.conf", lab.node())),
     };
     // A container left by an earlier, interrupted run goes first.
     drop(make());
