@@ -291,7 +291,14 @@ fn the_leftover_process_scan_sees_a_live_process() {
     let entry = format!("PROVISION_GPU_TEST_MARK={}", std::process::id());
     let (k, v) = entry.split_once('=').unwrap();
     let mut child = Command::new("sleep").arg("30").env(k, v).spawn().unwrap();
-    let seen = processes_with_env(&entry);
+    // The child's /proc environ is read as it becomes visible (once seen in CI as 0 right
+    // after spawn on two loaded cores): wait for it, bounded; never seen fails below.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut seen = processes_with_env(&entry);
+    while seen == 0 && Instant::now() < until {
+        std::thread::yield_now();
+        seen = processes_with_env(&entry);
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(seen, 1);
