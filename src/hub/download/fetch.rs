@@ -11,10 +11,6 @@ use crate::hub::HubError;
 use crate::hub::api::{HubClient, error_chain, shown};
 use crate::hub::progress::PullEvent;
 
-/// Pieces of the body at least this long are written as they come, not buffered: a
-/// positioned write of 64 KiB costs less than copying it once more.
-const DIRECT_WRITE: usize = 64 << 10;
-
 /// Consecutive failed attempts (no byte gained) before a chunk gives up.
 const MAX_FAILURES: u32 = 6;
 
@@ -197,16 +193,10 @@ async fn stream(
         if data.len() > room {
             data.truncate(room);
         }
-        if data.len() >= DIRECT_WRITE.min(shared.buf_size) {
-            // Pieces of this size go straight to the file after what is buffered: copying
-            // them into the buffer first cost 4% of a download's CPU (perf, BENCHMARKS.md).
-            if !flush(shared, i, generation, &mut pos, &mut buf)?
-                || !put(shared, i, generation, &mut pos, &data)?
-            {
+        if buf.is_empty() && data.len() >= shared.buf_size / 2 {
+            // Large pieces go straight to the file: one copy less.
+            if !put(shared, i, generation, &mut pos, &data)? {
                 return Ok(());
-            }
-            if pos == end {
-                break;
             }
             continue;
         }
