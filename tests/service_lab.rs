@@ -8,8 +8,9 @@
 //! 4. a crash loop that `systemctl is-active` calls active: called a crash loop at once;
 //! 5. a slow but progressing load: waited for.
 //!
-//! Also: no restart when nothing changed, a restart when only the environment changed, and
-//! a fallback reported as degraded.
+//! Also: no restart when nothing changed, a restart when only the environment changed, a
+//! fallback reported as degraded, and (issue 26) a refused preflight that stops the apply
+//! before the model's weights are downloaded from a fake hub.
 
 #[path = "support/guestlab.rs"]
 mod guestlab;
@@ -30,10 +31,13 @@ const HANG_AT_INIT: &[(&str, &str)] = &[
 
 struct Lab {
     g: Guest,
-    _shared: tempfile::TempDir,
+    shared: tempfile::TempDir,
     commit: String,
     /// The container declares `gpus:` (the lab container has none to show).
     gpus: std::cell::Cell<bool>,
+    /// A hub the model is downloaded from (the `model-store` role), instead of a folder
+    /// placed by the test.
+    hub: std::cell::RefCell<Option<String>>,
 }
 
 /// A container with `/shared` holding a Qwen3.5-shaped model folder, and a mirror with the
@@ -64,8 +68,9 @@ fn lab(name: &str) -> Lab {
     ));
     Lab {
         gpus: std::cell::Cell::new(false),
+        hub: std::cell::RefCell::new(None),
         g,
-        _shared: shared,
+        shared,
         commit,
     }
 }
@@ -154,7 +159,7 @@ impl Lab {
           qwen3.5-122b:
             repo: Qwen/Qwen3.5-122B-A10B
             path: /shared/models/Qwen3.5-122B-A10B
-        services:
+{endpoint}        services:
           sglang-qwen:
             model: qwen3.5-122b
             served_model_name: qwen3.5-122b
@@ -172,6 +177,11 @@ impl Lab {
             readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
 {extra}",
             ml_env = self.ml_env(),
+            endpoint = self
+                .hub
+                .borrow()
+                .as_ref()
+                .map_or(String::new(), |e| format!("            endpoint: {e}\n")),
             gpus = if self.gpus.get() {
                 "        gpus: { devices: [0] }\n"
             } else {
@@ -182,8 +192,13 @@ impl Lab {
 
     /// The container's roles and ml-env: the stand-in installed from its git checkout.
     fn ml_env(&self) -> String {
+        let model_store = if self.hub.borrow().is_some() {
+            "model-store, "
+        } else {
+            ""
+        };
         format!(
-            "        roles: [ml-env, sglang]
+            "        roles: [ml-env, {model_store}sglang]
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
@@ -797,4 +812,79 @@ fn a_gpu_service_where_no_gpu_is_seen_fails_its_preflight() {
     l.inventory(true, &[], "");
     let (_, err) = l.g.expect(&["apply", "--yes"], 0);
     assert!(err.contains("the GPU count was not checked"), "{err}");
+}
+
+/// Issue 26, fail early: the model's small files come first and the preflight runs on them,
+/// so a refused argv stops the apply before one byte of the weights is fetched (on llm-two,
+/// hours of download). Fixed, the next apply fetches the weights and the service serves.
+#[test]
+fn a_refused_preflight_stops_the_apply_before_the_weights_are_downloaded() {
+    use fakehub::{Config, FakeHub, FileSpec, RepoSpec};
+    let l = lab("svc-early");
+    let model = l.shared.path().join("models/Qwen3.5-122B-A10B");
+    std::fs::remove_dir_all(&model).unwrap();
+    let mut repo = RepoSpec::synthetic("Qwen/Qwen3.5-122B-A10B", 2, 8 << 20);
+    let config = repo
+        .files
+        .iter_mut()
+        .find(|f| f.path == "config.json")
+        .unwrap();
+    *config = FileSpec::text(
+        "config.json",
+        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
+    );
+    let hub = FakeHub::start(Config {
+        listen: std::net::SocketAddr::new(l.g.bridge_ip(), 0),
+        repos: vec![repo.clone()],
+        hash_cache: None,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    *l.hub.borrow_mut() = Some(hub.endpoint().to_string());
+    let shards: Vec<&FileSpec> = repo
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .collect();
+    let small: u64 =
+        repo.files.iter().map(|f| f.size).sum::<u64>() - shards.iter().map(|f| f.size).sum::<u64>();
+
+    l.inventory(false, &[], "");
+    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        err.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
+        "{err}"
+    );
+    assert!(err.contains(SEED_ERROR), "{err}");
+    assert!(model.join("config.json").is_file(), "{err}");
+    for f in &shards {
+        assert!(
+            !model.join(&f.path).exists() && !model.join(format!("{}.part", f.path)).exists(),
+            "{} was downloaded before the preflight refused the service:\n{err}",
+            f.path
+        );
+    }
+    let served = hub.stats().bytes_served;
+    assert!(
+        served <= small,
+        "{served} bytes served, more than the {small} bytes of small files"
+    );
+    // The folder is not taken for the model: the pull is unfinished, and check says so.
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(drift.contains("an unfinished pull"), "{drift}");
+
+    // Fixed: the weights come, then the unit, and the service serves the model.
+    l.inventory(true, &[], "");
+    let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(err.contains("ready after"), "{out}\n{err}");
+    assert!(l.serving());
+    for f in &shards {
+        let got = std::fs::read(model.join(&f.path)).unwrap();
+        assert!(
+            got == fakehub::bytes(&repo.id, &f.path, f.size),
+            "{}",
+            f.path
+        );
+    }
+    l.g.expect(&["check"], 0);
 }

@@ -1,5 +1,6 @@
 //! The operations that carry out a target plan: API and node operations for a container,
-//! guest steps for the rest, a service's preflight before its unit is written. Derived from
+//! guest steps for the rest, a service's preflight before its unit is written (and before
+//! the weights of the model it reads). Derived from
 //! the plan alone, so a saved plan runs exactly what it shows.
 
 use std::collections::HashMap;
@@ -17,6 +18,10 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
     let mut ops = Vec::new();
     let mut steps = Vec::new();
     let mut preflights = preflights_of(t);
+    // Fail early: a model a pending preflight reads is pulled in two passes, all but the
+    // weights first; the weights wait, by unit file, until that preflight has passed, so a
+    // refused argv or a broken stack stops the apply before hours of download.
+    let mut weights: HashMap<String, Step> = HashMap::new();
     let lines: Vec<&Change> = t
         .changes
         .iter()
@@ -30,8 +35,11 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             ResourceSpec::Service(svc) => Some(svc.unit_path.clone()),
             _ => None,
         };
-        if let Some(step) = key.and_then(|k| preflights.remove(&k)) {
+        if let Some(k) = key
+            && let Some(step) = preflights.remove(&k)
+        {
             steps.push(step);
+            steps.extend(weights.remove(&k));
         }
         if let ResourceSpec::Container(spec) = &c.spec {
             // Applied through the node's API, not by guest steps; started only after
@@ -71,12 +79,21 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
                     c.address
                 ));
             }
-            Ok(s) => steps.extend(s.into_iter().map(|mut step| {
-                if let Step::DeployService(d) = &mut step {
-                    d.rollback = options.rollback;
+            Ok(s) => {
+                for mut step in s {
+                    if let Step::DeployService(d) = &mut step {
+                        d.rollback = options.rollback;
+                    }
+                    if let Step::ModelPull(m) = &step
+                        && let Some(unit) = reader_of(&preflights, &m.dest)
+                    {
+                        steps.push(Step::ModelPull(Box::new(m.small_files())));
+                        weights.insert(unit, step);
+                        continue;
+                    }
+                    steps.push(step);
                 }
-                step
-            })),
+            }
             Err(why) => unsupported.push(format!("{}: {why}", c.address)),
         }
     }
@@ -87,8 +104,23 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             reboot: true,
         }));
     }
+    // Every pending preflight is met at its service's change, so nothing is left here; if
+    // one were, its weights are still pulled, last.
+    steps.extend(weights.into_values());
     ops.extend(steps.into_iter().map(Op::Guest));
     ops
+}
+
+/// The unit file of the pending preflight that reads the model at `dest`, if any.
+fn reader_of(preflights: &HashMap<String, Step>, dest: &str) -> Option<String> {
+    preflights.iter().find_map(|(unit, step)| match step {
+        Step::Preflight(svc) => svc
+            .preflight
+            .as_ref()
+            .is_some_and(|p| p.model_path == dest)
+            .then(|| unit.clone()),
+        _ => None,
+    })
 }
 
 /// The preflight steps of the services this target plan (re)starts, by unit file.

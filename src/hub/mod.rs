@@ -61,6 +61,10 @@ pub struct PullRequest {
     pub chunk_size: u64,
     /// Re-hash files already in place instead of trusting the record's metadata.
     pub verify_full: bool,
+    /// A first pass of a larger pull (the small files a preflight reads, before the
+    /// weights): the record stays unfinished, so the folder is never taken for the whole
+    /// model, and a selection of no file is no error.
+    pub first_pass: bool,
 }
 
 impl PullRequest {
@@ -77,6 +81,7 @@ impl PullRequest {
             concurrency: DEFAULT_CONCURRENCY,
             chunk_size: DEFAULT_CHUNK_SIZE,
             verify_full: false,
+            first_pass: false,
         }
     }
 }
@@ -199,6 +204,24 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
         .into_iter()
         .filter(|f| filter.selects(&f.path))
         .collect();
+    if files.is_empty() && req.first_pass {
+        return Ok(PullReport {
+            repo: req.repo.clone(),
+            revision: req.revision.clone(),
+            commit,
+            dest: req.dest.clone(),
+            files: 0,
+            files_fetched: 0,
+            files_kept: 0,
+            files_adopted: 0,
+            files_refetched: Vec::new(),
+            bytes_total: 0,
+            bytes_fetched: 0,
+            bytes_resumed: 0,
+            duration_s: started.elapsed().as_secs_f64(),
+            verified: true,
+        });
+    }
     if files.is_empty() {
         return Err(HubError::NothingSelected {
             repo: req.repo.clone(),
@@ -237,6 +260,16 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
     let (adopted, mut to_fetch) = verify::check_existing(&req.dest, &sorted.to_check, progress)?;
     let files_adopted = adopted.len();
     entries.extend(adopted);
+    if let (true, Some(old)) = (req.first_pass, &old) {
+        // The weights this pass leaves out keep their entries, so the pass after it trusts
+        // them by their metadata instead of hashing them again.
+        entries.extend(
+            old.files
+                .iter()
+                .filter(|e| !files.iter().any(|f| f.path == e.path))
+                .cloned(),
+        );
+    }
     to_fetch.extend(sorted.to_fetch);
     to_fetch.sort_by(|a, b| a.path.cmp(&b.path));
     let bytes_total: u64 = files.iter().map(|f| f.size).sum();
@@ -291,7 +324,7 @@ pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport
     }
     let mut final_record = base;
     final_record.files.extend(outcome.placed.iter().cloned());
-    final_record.complete = true;
+    final_record.complete = !req.first_pass;
     record::write(&req.dest, &final_record)?;
     Ok(PullReport {
         repo: req.repo.clone(),

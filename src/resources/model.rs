@@ -133,6 +133,7 @@ impl Resource for ModelSpec {
             // A model that drifted since it was verified is re-hashed in full, so a changed
             // byte that kept size and mtime is found and fetched again.
             verify_full: change.action != crate::plan::Action::Create,
+            before_weights: false,
         }))])
     }
 }
@@ -219,6 +220,36 @@ pub struct ModelPull {
     pub token: Option<crate::inventory::secret::Secret>,
     /// Re-hash files already in place instead of trusting the record.
     pub verify_full: bool,
+    /// Only the files that are not weights ([`WEIGHT_GLOBS`]), the record left
+    /// unfinished: what a service's preflight reads (`config.json`, the tokenizer), fetched
+    /// before hours go into the shards.
+    #[serde(default)]
+    pub before_weights: bool,
+}
+
+/// The weight files' globs, left out of a [`ModelPull::before_weights`] pass: the formats
+/// `huggingface_hub` repositories hold their tensors in.
+pub const WEIGHT_GLOBS: &[&str] = &[
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.gguf",
+    "*.h5",
+    "*.msgpack",
+    "*.onnx",
+    "*.npz",
+];
+
+impl ModelPull {
+    /// The first of two passes of this pull: every file but the weights.
+    pub fn small_files(&self) -> ModelPull {
+        ModelPull {
+            before_weights: true,
+            ..self.clone()
+        }
+    }
 }
 
 impl ModelPull {
@@ -231,6 +262,11 @@ impl ModelPull {
         req.exclude = self.exclude.clone();
         req.token = self.token.clone();
         req.verify_full = self.verify_full;
+        if self.before_weights {
+            req.exclude
+                .extend(WEIGHT_GLOBS.iter().map(|g| (*g).to_string()));
+            req.first_pass = true;
+        }
         crate::hub::pull(&req, &Reporter::default()).map_err(|e| super::wire::StepError {
             message: e.to_string(),
             hints: e.hints(),

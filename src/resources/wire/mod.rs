@@ -497,6 +497,10 @@ impl Step {
                 format!("git checkout {revision} in {path}")
             }
             Step::Preflight(s) => format!("preflight {}", s.unit),
+            Step::ModelPull(m) if m.before_weights => format!(
+                "download {}@{}'s small files (all but the weights) into {}, for the preflight",
+                m.repo, m.revision, m.dest
+            ),
             Step::ModelPull(m) => format!("download {}@{} into {}", m.repo, m.revision, m.dest),
             Step::Zfs(z) => format!("zfs dataset {} at {}", z.spec.dataset, z.path),
             Step::NodeUnit { unit, .. } => format!("enable {unit} on the node"),
