@@ -782,6 +782,11 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
         drift.contains(&format!("the declared installer installs {old}")),
         "{drift}"
     );
+    // In NVML's own words, with the remedy.
+    assert!(
+        drift.contains(&format!("Failed to initialize NVML: Driver/library version mismatch: the container has {old}, the node's module is {new}; `provision apply` installs {new}")),
+        "{drift}"
+    );
     // The lines are as declared: the version is the userspace's drift, not theirs.
     assert!(!drift.contains("~ pve_lines"), "{drift}");
     // An installer of the old version would install the mismatch again: refused.

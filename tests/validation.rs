@@ -617,3 +617,29 @@ fn gpu_userspace_needs_one_pinned_source() {
         "{e}"
     );
 }
+
+/// Issue 26, boot order: `devN` entries for /dev/nvidia-uvm* fail the container's start
+/// when the node has not made them yet; a node that declares nothing making them at boot
+/// is refused, at the GPU list, with both remedies.
+#[test]
+fn dev_passthrough_needs_the_uvm_nodes_made_at_boot() {
+    let e = broken("uvm_at_boot: true", "uvm_at_boot: false");
+    assert!(
+        e.contains("container `llm-two` passes /dev/nvidia-uvm and /dev/nvidia-uvm-tools through as `devN` entries, but node `pve` declares nothing that creates them at boot"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(
+            "inventory/llm-two.yaml:{}:21",
+            line_of("devices: [0, 1, 2, 3]")
+        )),
+        "{e}"
+    );
+    assert!(e.contains("uvm_at_boot: true"), "{e}");
+    assert!(e.contains("`gpus.method: lxc`"), "{e}");
+    // Bind mounts marked optional do not stop a start: the lxc method is not refused.
+    let lxc = LLM_TWO
+        .replacen("uvm_at_boot: true", "uvm_at_boot: false", 1)
+        .replacen("method: dev", "method: lxc", 1);
+    check(&lxc).unwrap();
+}

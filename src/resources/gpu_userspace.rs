@@ -169,6 +169,18 @@ impl Resource for GpuUserspaceSpec {
                 self.version
             ));
         }
+        if let Some(have) = [cuda, nvml]
+            .into_iter()
+            .flatten()
+            .find(|v| *v != self.version)
+        {
+            // What nvidia-smi and every CUDA program in the container say now (NVML's
+            // words for libraries of another version than the loaded module).
+            d = d.reason(format!(
+                "Failed to initialize NVML: Driver/library version mismatch: the container has {have}, the node's module is {}; `provision apply` installs {} in the container (after the node's own steps)",
+                self.version, self.version
+            ));
+        }
         Ok(Some(d))
     }
 

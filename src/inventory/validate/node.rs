@@ -1,6 +1,7 @@
 //! A node's rules: its API URL, TLS trust and credentials, and what needs its SSH.
 
 use super::Validator;
+use crate::inventory::container::GpuMethod;
 use crate::inventory::node::Node;
 use crate::inventory::text::Name;
 
@@ -81,6 +82,25 @@ impl Validator<'_> {
             .filter(|(_, ct)| ct.gpus.is_some())
             .map(|(n, _)| n.as_str())
             .collect();
+        // Proxmox refuses to start a container whose `devN` path does not exist, and
+        // `/dev/nvidia-uvm*` appear only at the first CUDA use after a boot unless
+        // something makes them: a node reboot would leave these containers stopped.
+        let uvm_at_boot = node.nvidia.as_ref().is_some_and(|n| n.uvm_at_boot.value);
+        for (ct_name, gpus) in node
+            .containers
+            .iter()
+            // The built-in gpu-passthrough role is what writes the `devN` entries.
+            .filter(|(_, ct)| ct.roles.iter().any(|r| r.as_str() == "gpu-passthrough"))
+            .filter_map(|(n, ct)| ct.gpus.as_ref().map(|g| (n, g)))
+            .filter(|(_, g)| g.method.value == GpuMethod::Dev && !uvm_at_boot)
+        {
+            let pos = gpus.devices.first().map_or(gpus.method.pos, |d| d.pos);
+            self.err(
+                pos,
+                format!("container `{ct_name}` passes /dev/nvidia-uvm and /dev/nvidia-uvm-tools through as `devN` entries, but node `{name}` declares nothing that creates them at boot: after a reboot the container does not start (Proxmox refuses a missing `devN` path) until a CUDA program has run on the node"),
+                format!("declare `nvidia: {{ driver: \"<module version>\", uvm_at_boot: true }}` on node `{name}` (a unit runs `nvidia-modprobe -u -c0` at boot), or use `gpus.method: lxc` (bind mounts marked optional, which a missing node does not stop)"),
+            );
+        }
         if node.ssh.host.is_none() && !with_gpus.is_empty() {
             self.err(
                 node.api.url.pos,
