@@ -417,3 +417,64 @@ fn a_touched_file_is_rehashed_once_and_restamped() {
     let v = hub::verify(&dest, false, 0, &NoProgress).unwrap();
     assert_eq!(v.hashed_files, 0);
 }
+
+/// Issue 26, fail early: a first pass without the weights leaves the record unfinished (the
+/// folder is never taken for the model), and the full pull after it fetches only the
+/// weights; a first pass over a finished folder keeps the weights' entries, so the pull
+/// after it trusts them instead of hashing them again.
+#[test]
+fn a_first_pass_without_the_weights_stays_unfinished_and_keeps_what_it_left_out() {
+    let hub = hub();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("m");
+    let spec = model("org/model");
+    let weights = |p: &str| p.ends_with(".safetensors");
+    let weight_bytes: u64 = spec
+        .files
+        .iter()
+        .filter(|f| weights(&f.path))
+        .map(|f| f.size)
+        .sum();
+    let total: u64 = spec.files.iter().map(|f| f.size).sum();
+    let mut first = request(hub.endpoint(), "org/model", &dest);
+    first.exclude = vec!["*.safetensors".into()];
+    first.first_pass = true;
+
+    let report = hub::pull(&first, &NoProgress).unwrap();
+    assert_eq!(report.bytes_fetched, total - weight_bytes);
+    assert!(dest.join("config.json").is_file());
+    assert!(!dest.join("model-00001-of-00002.safetensors").exists());
+    assert!(!hub::record::read(&dest).unwrap().unwrap().complete);
+    assert_eq!(
+        hub::status(&dest, None).unwrap().state,
+        StoreState::Incomplete
+    );
+
+    hub.reset_stats();
+    let full = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
+    assert_eq!(full.bytes_fetched, weight_bytes);
+    assert_eq!(hub.stats().bytes_served, weight_bytes);
+    assert_identical(&spec, &dest);
+    assert_eq!(
+        hub::status(&dest, None).unwrap().state,
+        StoreState::Verified
+    );
+
+    // Over a finished folder: nothing fetched, the weights' entries kept, nothing re-hashed.
+    hub::pull(&first, &NoProgress).unwrap();
+    let rec = hub::record::read(&dest).unwrap().unwrap();
+    assert!(!rec.complete);
+    assert_eq!(rec.files.len(), spec.files.len());
+    let again = hub::pull(&request(hub.endpoint(), "org/model", &dest), &NoProgress).unwrap();
+    assert_eq!(
+        (again.files_fetched, again.files_adopted, again.files_kept),
+        (0, 0, spec.files.len())
+    );
+    assert!(hub::record::read(&dest).unwrap().unwrap().complete);
+
+    // A first pass that selects nothing is no error, and leaves the folder as it was.
+    let mut none = first.clone();
+    none.include = vec!["*.safetensors".into()];
+    assert_eq!(hub::pull(&none, &NoProgress).unwrap().files, 0);
+    assert!(hub::record::read(&dest).unwrap().unwrap().complete);
+}
