@@ -130,6 +130,19 @@ impl Lab {
         err
     }
 
+    /// Writes the seeds' first unit (without the two settings) and applies it, expecting
+    /// the preflight to refuse it in SGLang's own words: apply's stderr.
+    fn apply_refused(&self) -> String {
+        self.inventory(false, &[], "");
+        let (_, err) = self.g.expect(&["apply", "--yes"], 1);
+        assert!(
+            err.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
+            "{err}"
+        );
+        assert!(err.contains(SEED_ERROR), "{err}");
+        err
+    }
+
     /// Writes the inventory: llm-two's service, with `flags` deciding whether the two
     /// settings the seeds' first unit lacked are there, and `env` more environment (the
     /// stand-in's knobs).
@@ -280,13 +293,7 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
 
     // Episode 1: the unit without the two flags. Refused before anything is written, with
     // SGLang's own words; the running service is untouched.
-    l.inventory(false, &[], "");
-    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
-    assert!(
-        err.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
-        "{err}"
-    );
-    assert!(err.contains(SEED_ERROR), "{err}");
+    let err = l.apply_refused();
     // Found after rendering, on the target, and still pointing at the inventory's line.
     let inventory = l.g.dir.path().join("inventory.yaml");
     let served = value_at(&inventory, "served_model_name:");
@@ -849,13 +856,7 @@ fn a_refused_preflight_stops_the_apply_before_the_weights_are_downloaded() {
     let small: u64 =
         repo.files.iter().map(|f| f.size).sum::<u64>() - shards.iter().map(|f| f.size).sum::<u64>();
 
-    l.inventory(false, &[], "");
-    let (_, err) = l.g.expect(&["apply", "--yes"], 1);
-    assert!(
-        err.contains("preflight of sglang-qwen.service failed; nothing was restarted"),
-        "{err}"
-    );
-    assert!(err.contains(SEED_ERROR), "{err}");
+    let err = l.apply_refused();
     assert!(model.join("config.json").is_file(), "{err}");
     for f in &shards {
         assert!(
