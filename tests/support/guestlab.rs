@@ -383,6 +383,18 @@ impl GpgKey {
     }
 }
 
+impl Drop for GpgKey {
+    /// gpg starts an agent for the key's home; it is stopped with the key, so no process
+    /// the test started outlives it.
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "gpg-agent"])
+            .status();
+    }
+}
+
 /// Writes `dir/Release` for the flat repository there (what `apt-ftparchive release`
 /// writes, reduced to what apt checks: the date and each index's size and SHA256).
 pub fn release(dir: &Path) {
