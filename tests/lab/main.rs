@@ -1,0 +1,23 @@
+//! Everything that runs against real lab containers (`lab/`, `docs/lab.md`): guests,
+//! containers through the API and the CLI, the node, models, services, rebuilds. One
+//! binary (one link of the crate) for the area; needs the lab up and root.
+
+#[path = "../support/guestlab.rs"]
+mod guestlab;
+#[path = "../support/hub.rs"]
+mod hub_support;
+
+mod apt;
+mod first_apply;
+mod guest;
+mod host;
+mod many;
+mod model;
+mod node;
+mod other_guests;
+mod pip;
+mod proxmox;
+mod pve_cli;
+mod rebuild;
+mod service;
+mod stream;
