@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use super::targets::{Connections, TargetArgs};
+use super::session::ReadSession;
+use super::targets::TargetArgs;
 use crate::diagnostic::Diagnostic;
 use crate::inventory::Loaded;
 use crate::plan::{Action, Plan, Target};
@@ -19,7 +20,7 @@ use crate::resources::ResourceSpec;
 pub fn refuse_missing(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &Connections<'_>,
+    conns: &ReadSession<'_>,
     args: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<()> {
@@ -46,7 +47,7 @@ pub fn refuse_missing(
         });
         if creates {
             let api = conns.node(node)?;
-            let data = api.call("GET", &api.node_path("/storage"), &[])?;
+            let data = api.get(&api.node_path("/storage"), &[])?;
             let storages: Vec<(String, String)> = data
                 .as_array()
                 .into_iter()

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::Prepared;
+use super::session::ReadSession;
 use super::ssh::node_transport;
-use super::targets::Connections;
 use super::targets::TargetArgs;
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
@@ -213,7 +213,7 @@ fn container_name(t: &Target) -> Option<&str> {
 pub fn refuse_root_only(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &Connections<'_>,
+    conns: &ReadSession<'_>,
 ) -> anyhow::Result<()> {
     let mut blocked = Vec::new();
     for t in &plan.targets {
