@@ -226,11 +226,17 @@ fn saved_plan(path: &Path) -> anyhow::Result<Option<Plan>> {
         return Ok(None);
     };
     if version != u64::from(FORMAT_VERSION) {
+        let made_by = if version < u64::from(FORMAT_VERSION) {
+            "an older"
+        } else {
+            "a newer"
+        };
         return Err(Diagnostic::new(format!(
             "{} is a plan in format {version}; this provision reads format {FORMAT_VERSION}",
             path.display()
         ))
-        .hint("make the plan again with this provision")
+        .cause(format!("it was made by {made_by} provision, whose plans this one would read differently (docs/plan-format.md lists what each version changed)"))
+        .hint("make the plan again with this provision: `provision plan --out FILE INVENTORY`")
         .into());
     }
     let plan: Plan = serde_json::from_value(value).map_err(|e| {
