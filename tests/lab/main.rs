@@ -18,6 +18,7 @@ mod other_guests;
 mod pip;
 mod proxmox;
 mod pve_cli;
+mod read_only;
 mod rebuild;
 mod service;
 mod stream;

@@ -17,12 +17,12 @@ use provision_lab::client::PveClient;
 use provision_lab::server::faults::{FaultKind, FaultRule};
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
 
-fn lab() -> LabEnv {
+pub(crate) fn lab() -> LabEnv {
     LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
 }
 
 /// Stops and destroys a container on drop, whatever the test did.
-struct Cleanup {
+pub(crate) struct Cleanup {
     api: PveClient,
     node: String,
     vmid: u32,
@@ -49,7 +49,7 @@ impl Drop for Cleanup {
     }
 }
 
-fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
+pub(crate) fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
     let make = || Cleanup {
         api: lab.root_api().unwrap(),
         node: lab.node().to_string(),
@@ -63,23 +63,23 @@ fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
 }
 
 /// A test's own directory: inventory, roles, known_hosts pinning the lab node.
-struct Cli {
-    lab: LabEnv,
-    dir: tempfile::TempDir,
+pub(crate) struct Cli {
+    pub(crate) lab: LabEnv,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 /// What the inventory's one container says.
-struct Ct {
+pub(crate) struct Ct {
     name: &'static str,
-    vmid: u32,
+    pub(crate) vmid: u32,
     hostname: Option<String>,
     ip_host: u32,
-    memory: &'static str,
+    pub(crate) memory: &'static str,
     cores: u32,
     mount: Option<PathBuf>,
     restart: &'static str,
     template: String,
-    content: &'static str,
+    pub(crate) content: &'static str,
     disk_gib: u32,
     /// Authenticate with the API token instead of a root@pam ticket.
     token: bool,
@@ -92,7 +92,7 @@ struct Ct {
 }
 
 impl Cli {
-    fn new(lab: LabEnv) -> Cli {
+    pub(crate) fn new(lab: LabEnv) -> Cli {
         let dir = tempfile::tempdir().unwrap();
         let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
         let key = std::fs::read_to_string(lab.dir().join("secrets/ssh_host_ed25519_key.pub"))
@@ -111,7 +111,7 @@ impl Cli {
         Cli { lab, dir }
     }
 
-    fn ct(&self, name: &'static str, vmid: u32, ip_host: u32) -> Ct {
+    pub(crate) fn ct(&self, name: &'static str, vmid: u32, ip_host: u32) -> Ct {
         Ct {
             name,
             vmid,
@@ -139,7 +139,7 @@ impl Cli {
 
     /// Writes the inventory (and its role) for `ct`; `node_ssh: false` leaves the node
     /// without SSH.
-    fn write(&self, ct: &Ct, node_ssh: bool) -> PathBuf {
+    pub(crate) fn write(&self, ct: &Ct, node_ssh: bool) -> PathBuf {
         let lab = &self.lab;
         let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
         let key = lab.key_path();
@@ -258,7 +258,7 @@ nodes:
         cmd.output().unwrap()
     }
 
-    fn expect(&self, args: &[&str], code: i32) -> String {
+    pub(crate) fn expect(&self, args: &[&str], code: i32) -> String {
         self.expect_on(args, &self.dir.path().join("inventory.yaml"), code)
     }
 
@@ -276,7 +276,7 @@ nodes:
 
     /// A command in the guest over SSH as root, checked against this test's known_hosts
     /// (strict: the keys provision recorded from the node).
-    fn guest(&self, ct: &Ct, cmd: &str) -> String {
+    pub(crate) fn guest(&self, ct: &Ct, cmd: &str) -> String {
         self.ssh(&format!("root@{}", self.ip(ct)), "22", cmd)
     }
 
@@ -308,7 +308,7 @@ nodes:
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
-    fn conf(&self, vmid: u32) -> PathBuf {
+    pub(crate) fn conf(&self, vmid: u32) -> PathBuf {
         Path::new(&self.lab.vars["LAB_PVE_ROOT"])
             .join(format!("nodes/{}/lxc/{vmid}.conf", self.lab.node()))
     }
