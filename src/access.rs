@@ -133,9 +133,10 @@ pub trait TargetWriter: TargetReader {
 /// Why a target could not be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
-    /// Talking to the agent failed.
+    /// Talking to the agent failed: an `agent::client::AgentError` (boxed, so that this
+    /// layer does not import the agent that implements it; `agent/` converts with `From`).
     #[error(transparent)]
-    Agent(#[from] crate::agent::client::AgentError),
+    Agent(Box<dyn std::error::Error + Send + Sync>),
     /// Talking to a node's API failed.
     #[error(transparent)]
     Container(#[from] Box<ContainerError>),
@@ -153,9 +154,10 @@ pub enum AccessError {
     Node {
         /// The change's plan address.
         address: String,
-        /// Why.
+        /// Why: a `node::NodeError` (boxed as an error, so that this layer does not import
+        /// the node that implements it).
         #[source]
-        source: Box<crate::node::NodeError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A probe or operation this access cannot carry.
     #[error("{target} cannot carry {what}")]

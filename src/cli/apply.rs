@@ -76,7 +76,8 @@ fn waited_for_left_run(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         matches!(
             c.downcast_ref::<AccessError>(),
-            Some(AccessError::Agent(AgentError::Waited { .. }))
+            Some(AccessError::Agent(a))
+                if matches!(a.downcast_ref::<AgentError>(), Some(AgentError::Waited { .. }))
         ) || matches!(
             c.downcast_ref::<AgentError>(),
             Some(AgentError::Waited { .. })

@@ -15,9 +15,9 @@ use provision::gpu::facts::{NodeFacts, node_facts_from_sections};
 use provision::gpu::nccl::{self, NcclOutcome};
 use provision::gpu::parse;
 use provision::gpu::probe::{Section, parse_sections};
-use provision::gpu::{PassthroughError, passthrough_lines};
 use provision::inventory::container::{GpuMethod, GpuSelector};
 use provision::render::Renderer;
+use provision::render::passthrough::{PassthroughError, passthrough_lines};
 
 const X1: &str = "h200x1-lxc";
 

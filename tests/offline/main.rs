@@ -5,5 +5,6 @@
 mod agent_elf;
 mod cli;
 mod host_plan;
+mod imports;
 mod systemd_verify;
 mod validation;

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use super::facts::NodeFacts;
+use super::Renderer;
+use super::context::{NodeGpuView, gpus_context};
+use crate::gpu::facts::NodeFacts;
 use crate::inventory::container::{GpuMethod, GpuSelector};
-use crate::render::Renderer;
-use crate::render::context::{NodeGpuView, gpus_context};
 
 /// The template that writes the passthrough lines.
 pub const TEMPLATE: &str = "lxc-gpu-passthrough.conf.hbs";
