@@ -22,7 +22,10 @@ use crate::proxmox::{ApiReader, ApiSettings};
 
 /// One connection per node, made once by the first target that needs it and shared by
 /// the threads that work on several targets at once.
-pub struct NodeSlots<T>(Mutex<HashMap<String, Arc<Mutex<Option<Arc<T>>>>>>);
+pub struct NodeSlots<T>(Mutex<HashMap<String, Slot<T>>>);
+
+/// One node's connection, once made; locked while it is being made.
+type Slot<T> = Arc<Mutex<Option<Arc<T>>>>;
 
 impl<T> Default for NodeSlots<T> {
     fn default() -> Self {

@@ -15,40 +15,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
+use crate::lab_support::{cleanup, lab};
 use provision_lab::testkit::LabEnv;
-
-fn lab() -> LabEnv {
-    LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
-}
-
-/// Stops and destroys CT `vmid` through the API (on drop, and before the test).
-struct Cleanup<'a>(&'a LabEnv, u32);
-
-impl Cleanup<'_> {
-    fn run(&self) {
-        let Ok(api) = self.0.root_api() else {
-            return;
-        };
-        let base = format!("/nodes/{}/lxc/{}", self.0.node(), self.1);
-        for (method, path) in [("POST", format!("{base}/status/stop")), ("DELETE", base)] {
-            if let Ok(upid) = api.call(method, &path, &[]) {
-                let _ = api.wait_task(
-                    self.0.node(),
-                    upid.as_str().unwrap_or(""),
-                    Duration::from_secs(60),
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        self.run();
-    }
-}
 
 /// The lab's network address with host part `host`.
 fn ip(lab: &LabEnv, host: u32) -> String {
@@ -160,8 +129,7 @@ fn provision(lab: &LabEnv, home: &Path, args: &[&str], inventory: &Path) -> (i32
 #[test]
 fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
     let lab = lab();
-    let _guard = Cleanup(&lab, 9275);
-    _guard.run();
+    let _guard = cleanup(&lab, 9275);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     let made = Command::new("ssh-keygen")
@@ -220,8 +188,7 @@ fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
 #[test]
 fn no_key_to_log_in_with_is_refused_before_anything_is_created() {
     let lab = lab();
-    let _guard = Cleanup(&lab, 9276);
-    _guard.run();
+    let _guard = cleanup(&lab, 9276);
     let dir = tempfile::tempdir().unwrap();
     let inv = inventory(dir.path(), &lab, 9276, 236, None);
     for verb in [&["plan"][..], &["apply", "--yes"][..]] {
@@ -242,8 +209,7 @@ fn no_key_to_log_in_with_is_refused_before_anything_is_created() {
 #[test]
 fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
     let lab = lab();
-    let _guard = Cleanup(&lab, 9278);
-    _guard.run();
+    let _guard = cleanup(&lab, 9278);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     assert!(
@@ -297,8 +263,7 @@ fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
 #[test]
 fn a_privilege_separated_token_lacking_sys_modify_is_refused_at_plan() {
     let lab = lab();
-    let _guard = Cleanup(&lab, 9279);
-    _guard.run();
+    let _guard = cleanup(&lab, 9279);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     assert!(

@@ -8,12 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use crate::lab_support::lab;
 use provision_lab::testkit::LabEnv;
 use sha2::{Digest, Sha256};
-
-fn lab() -> LabEnv {
-    LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
-}
 
 /// A scratch folder removed on drop, with everything the test made outside it listed for
 /// removal too.

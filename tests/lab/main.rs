@@ -6,6 +6,8 @@
 mod guestlab;
 #[path = "../support/hub.rs"]
 mod hub_support;
+#[path = "../support/lab.rs"]
+mod lab_support;
 
 mod apt;
 mod first_apply;

@@ -9,11 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::lab_support::lab;
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
-
-fn lab() -> LabEnv {
-    LabEnv::from_env_or_up().expect("the lab is up (scripts/lab up, as root)")
-}
 
 /// Containers made at once (each create waits for its SSH).
 fn containers(lab: &LabEnv, specs: Vec<ContainerSpec>) -> Vec<TestContainer> {

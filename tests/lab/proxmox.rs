@@ -10,14 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use crate::lab_support::{cleanup, lab};
 use assert_cmd::Command;
-use provision_lab::client::PveClient;
 use provision_lab::server::faults::{FaultKind, FaultRule};
 use provision_lab::testkit::LabEnv;
-
-fn lab() -> LabEnv {
-    LabEnv::from_env_or_up().expect("the lab is up (run as root; see docs/lab.md)")
-}
 
 /// Our own vmids and addresses, outside the testkit's 9100-9199 / .100-.199.
 fn address(lab: &LabEnv, vmid: u32) -> (String, String) {
@@ -29,52 +25,6 @@ fn address(lab: &LabEnv, vmid: u32) -> (String, String) {
         format!("{}.{}.{}.{host}/24", net[0], net[1], net[2]),
         gw.to_string(),
     )
-}
-
-/// Removes the container on drop, whatever the test did.
-struct Cleanup {
-    api: PveClient,
-    node: String,
-    vmid: u32,
-    conf: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let base = format!("/nodes/{}/lxc/{}", self.node, self.vmid);
-        if let Ok(upid) = self.api.call("POST", &format!("{base}/status/stop"), &[]) {
-            let _ = self.api.wait_task(
-                &self.node,
-                upid.as_str().unwrap_or(""),
-                Duration::from_secs(60),
-            );
-        }
-        if let Ok(upid) = self.api.call("DELETE", &base, &[]) {
-            let _ = self.api.wait_task(
-                &self.node,
-                upid.as_str().unwrap_or(""),
-                Duration::from_secs(60),
-            );
-        }
-        // The lab's task-error fault leaves a create's `lock: create` config behind (Proxmox
-        // removes it); nothing else of it exists.
-        if std::fs::read_to_string(&self.conf).is_ok_and(|c| c.trim() == "lock: create") {
-            let _ = std::fs::remove_file(&self.conf);
-        }
-    }
-}
-
-fn cleanup(lab: &LabEnv, vmid: u32) -> Cleanup {
-    let make = || Cleanup {
-        api: lab.root_api().unwrap(),
-        node: lab.node().to_string(),
-        vmid,
-        conf: PathBuf::from(&lab.vars["LAB_PVE_ROOT"])
-            .join(format!("nodes/{}/lxc/{vmid}.conf", lab.node())),
-    };
-    // A container left by an earlier, interrupted run goes first.
-    drop(make());
-    make()
 }
 
 /// What an inventory for one lab container says.
