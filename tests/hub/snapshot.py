@@ -1,4 +1,4 @@
-"""Downloads a repo with the real huggingface_hub client (used by tests/hub_python.rs).
+"""Downloads a repo with the real huggingface_hub client (used by tests/hub/python.rs).
 
 usage: snapshot.py ENDPOINT REPO LOCAL_DIR
 A token, when needed, comes from HF_TOKEN in the environment, as huggingface_hub reads it.
