@@ -4,6 +4,7 @@
 
 mod agent_elf;
 mod cli;
+mod engine;
 mod host_plan;
 mod imports;
 mod systemd_verify;
