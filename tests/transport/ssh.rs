@@ -6,7 +6,7 @@ use crate::sshd;
 
 use std::fs;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -175,6 +175,8 @@ fn running(marker: &str) -> bool {
         .success()
 }
 
+/// Whether the process is gone before `limit`: the bound only keeps a broken kill from
+/// hanging the test; it is far above the few seconds a kill takes on a loaded machine.
 fn gone_within(marker: &str, limit: Duration) -> bool {
     let started = Instant::now();
     while started.elapsed() < limit {
@@ -192,7 +194,6 @@ fn a_command_past_its_timeout_is_killed_on_the_remote_side() {
     let sshd = Sshd::start(&[&client.public()]);
     let t = connect(&client.options(&sshd));
     let marker = format!("{}.{}", 600 + std::process::id() % 100, line!());
-    let started = Instant::now();
     let err = t
         .exec(
             &format!("sleep {marker} | cat"),
@@ -200,15 +201,11 @@ fn a_command_past_its_timeout_is_killed_on_the_remote_side() {
             Duration::from_secs(1),
         )
         .unwrap_err();
+    // The command sleeps for hundreds of seconds: a Timeout is the limit at work.
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
     assert!(gone_within(
         &format!("sleep {marker}"),
-        Duration::from_secs(3)
+        Duration::from_secs(60)
     ));
 
     // A command that ignores TERM gets KILL a few seconds later.
@@ -223,7 +220,7 @@ fn a_command_past_its_timeout_is_killed_on_the_remote_side() {
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
     assert!(gone_within(
         &format!("sleep {marker}"),
-        Duration::from_secs(3)
+        Duration::from_secs(60)
     ));
     // The session is still good for the next command.
     assert!(t.exec("true", b"", T).unwrap().success());
@@ -241,14 +238,16 @@ fn the_local_wait_is_bounded_even_when_the_remote_side_holds_on() {
         "setsid sh -c 'echo $$ > {}; exec sleep 40'",
         pidfile.display()
     );
-    let started = Instant::now();
     let err = t.exec(&command, b"", Duration::from_secs(1)).unwrap_err();
-    let took = started.elapsed();
-    if let Ok(pid) = fs::read_to_string(&pidfile) {
-        let _ = Command::new("kill").arg(pid.trim()).status();
-    }
+    // The deadline ended the wait, not the escaped `sleep 40`: it still runs.
+    let pid = fs::read_to_string(&pidfile).unwrap_or_default();
+    let alive = !pid.trim().is_empty() && Path::new(&format!("/proc/{}", pid.trim())).exists();
+    let _ = Command::new("kill").arg(pid.trim()).status();
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
-    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert!(
+        alive,
+        "the wait ended only with the escaped process (pid {pid:?})"
+    );
     // The session survives an abandoned channel.
     assert_eq!(t.exec("echo ok", b"", T).unwrap().stdout_text(), "ok\n");
 }
@@ -579,10 +578,12 @@ fn connect_errors_are_bounded_and_named() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     opts.port = Some(silent.local_addr().unwrap().port());
     opts.connect_timeout = Duration::from_millis(700);
+    // Without the handshake timeout this connect would wait for ever: it returning at all
+    // is the limit at work (the bound only keeps a regression from hanging the test).
     let started = Instant::now();
     let err = SshTransport::connect(&opts).unwrap_err();
     assert!(matches!(err, TransportError::Unreachable { .. }), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(120));
     drop(silent);
 }
 
@@ -613,7 +614,7 @@ fn keepalives_flow_while_idle_and_during_a_long_command() {
     let mut opts = client.options(&sshd);
     opts.keepalive_interval = Duration::from_secs(1); // libssh2 rounds 1 up to 2
     let t = connect(&opts);
-    thread::sleep(Duration::from_millis(2600));
+    // Idle until the first keepalive shows in the server's log.
     let idle = sshd.wait_for("keepalive@libssh2.org", 1);
     assert!(idle >= 1, "no keepalive while idle");
     assert!(t.exec("sleep 2.5", b"", T).unwrap().success());
@@ -631,11 +632,15 @@ fn a_lost_connection_fails_the_running_command_and_the_next_one_reconnects() {
     assert!(t.exec("true", b"", T).unwrap().success());
     let pidfile = client.dir.path().join("sleep.pid");
     let command = format!("echo $$ > {}; exec sleep 8", pidfile.display());
-    let started = Instant::now();
     let err = thread::scope(|s| {
         let running = s.spawn(|| t.exec(&command, b"", T));
         sshd.wait_for("req exec", 2);
-        thread::sleep(Duration::from_millis(200));
+        // The command has started once it wrote its pid.
+        let until = Instant::now() + Duration::from_secs(60);
+        while fs::read_to_string(&pidfile).map_or(true, |p| p.trim().is_empty()) {
+            assert!(Instant::now() < until, "the command never started");
+            thread::sleep(Duration::from_millis(10));
+        }
         // Kill this server's session processes (the listener's children): the
         // connection ends from the far side in the middle of the command.
         let status = Command::new("pkill")
@@ -652,11 +657,15 @@ fn a_lost_connection_fails_the_running_command_and_the_next_one_reconnects() {
         ),
         "{err}"
     );
-    assert!(started.elapsed() < Duration::from_secs(5), "it hung");
+    // The error came while the cut-off command still ran (its `sleep 8` outlives its
+    // session): the client saw the connection end, it did not wait the command out.
+    let pid = fs::read_to_string(&pidfile).unwrap();
+    assert!(
+        Path::new(&format!("/proc/{}", pid.trim())).exists(),
+        "the error came only after the command ended"
+    );
     // The orphaned command would end by itself; do not leave it behind.
-    if let Ok(pid) = fs::read_to_string(&pidfile) {
-        let _ = Command::new("kill").arg(pid.trim()).status();
-    }
+    let _ = Command::new("kill").arg(pid.trim()).status();
     // The command was cut off, so it is not run again; the next command gets a new
     // connection.
     assert_eq!(t.exec("echo back", b"", T).unwrap().stdout_text(), "back\n");

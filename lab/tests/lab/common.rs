@@ -212,3 +212,23 @@ pub fn wait_ssh(ip: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Returns once someone holds CT `vmid`'s config lock (a task that took it): the event a
+/// test waits for before it races that task for the lock. Probed with a non-blocking
+/// flock, as the lab's own lock is taken (a probe that gets it lets go at once).
+pub fn wait_until_locked(vmid: u32) {
+    let path = format!("{}/pve-config-{vmid}.lock", lock_dir());
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(file) = std::fs::File::open(&path)
+            && matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "nobody took {path} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

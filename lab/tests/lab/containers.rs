@@ -410,7 +410,8 @@ fn a_task_holding_the_config_lock_times_out_other_writers() {
     let upid = c
         .call("POST", &node(&format!("/lxc/{vmid}/status/start")), &[])
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The slow start task holds the lock before the racing call is made.
+    wait_until_locked(vmid);
     let t = std::time::Instant::now();
     assert_err(
         c.call(

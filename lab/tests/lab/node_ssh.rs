@@ -156,7 +156,8 @@ fn pct_waits_for_the_config_lock_an_api_task_holds() {
     let upid = c
         .call("POST", &node(&format!("/lxc/{vmid}/status/start")), &[])
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The slow start task holds the lock before the racing call is made.
+    wait_until_locked(vmid);
     let t = Instant::now();
     ok(&format!("pct set {vmid} --onboot 1"));
     assert!(
