@@ -33,6 +33,8 @@ fn the_offline_plan_shows_the_exact_node_commands() {
         "{t}"
     );
     assert!(!t.contains("zpool create"), "{t}");
+    // The whole plan as a person reads it.
+    insta::assert_snapshot!("zfs_node_plan_offline", t);
     assert!(
         t.contains("+ template local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"),
         "{t}"
@@ -95,4 +97,6 @@ fn node_settings_that_cannot_work_are_refused_where_written() {
         assert!(t.contains(at), "{at}: {t}");
     }
     assert!(t.contains("7 errors"), "{t}");
+    // The whole report as a person reads it.
+    insta::assert_snapshot!("bad_host_validate", t);
 }
