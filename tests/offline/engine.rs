@@ -23,7 +23,7 @@ fn plan() -> Plan {
     offline_plan("inventory/llm-two.yaml", &llm_two())
 }
 
-fn target<'p>(plan: &'p Plan, kind: fn(&Target) -> bool) -> &'p TargetPlan {
+fn target(plan: &Plan, kind: fn(&Target) -> bool) -> &TargetPlan {
     plan.targets
         .iter()
         .find(|t| kind(&t.target))
