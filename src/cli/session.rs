@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::guest;
-use super::targets::{TargetArgs, container_specs, in_cluster, needs_node_ssh};
+use super::targets::{TargetArgs, container_specs, in_cluster, node_ssh};
 use crate::access::{ApiTarget, SeenContainers, TargetReader};
 use crate::agent::client::{AgentBinary, AgentReader};
 use crate::diagnostic::Diagnostic;
@@ -156,12 +156,13 @@ impl<'a> ReadSession<'a> {
             }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
-                let agent = if needs_node_ssh(d.resources.iter().map(|r| &r.spec)) {
-                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
-                    Some(AgentReader::new(ssh, self.binary.clone()))
-                } else {
-                    None
-                };
+                let ssh = node_ssh(
+                    self.loaded,
+                    node,
+                    self.args,
+                    d.resources.iter().map(|r| &r.spec),
+                )?;
+                let agent = ssh.map(|ssh| AgentReader::new(ssh, self.binary.clone()));
                 Ok(Box::new(NodeReader::new(api, agent)))
             }
         }

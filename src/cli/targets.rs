@@ -27,6 +27,7 @@ use crate::proxmox::NodeApi;
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::container::RestartPolicy;
+use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -219,16 +220,19 @@ impl<'a> Connections<'a> {
             }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
-                let agent = if needs_node_ssh(t.changes.iter().map(|c| &c.spec)) {
-                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                let ssh = node_ssh(
+                    self.loaded,
+                    node,
+                    self.args,
+                    t.changes.iter().map(|c| &c.spec),
+                )?;
+                let agent = ssh.map(|ssh| {
                     let writer = AgentWriter::new(ssh, self.binary.clone());
-                    Some(match observe {
+                    match observe {
                         Some(o) => writer.observe(o),
                         None => writer,
-                    })
-                } else {
-                    None
-                };
+                    }
+                });
                 Ok(Box::new(NodeWriter::new(api, agent)))
             }
         }
@@ -250,10 +254,18 @@ pub(super) fn in_cluster(loaded: &Loaded, node: &str) -> bool {
         .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
 }
 
-/// Whether a node target's resources need the agent over the node's SSH (templates go
+/// The node's SSH when a node target's resources need the agent there (templates go
 /// through the API alone).
-pub(super) fn needs_node_ssh<'s>(mut specs: impl Iterator<Item = &'s ResourceSpec>) -> bool {
-    specs.any(|s| !matches!(s, ResourceSpec::Template(_)))
+pub(super) fn node_ssh<'s>(
+    loaded: &Loaded,
+    node: &str,
+    args: &TargetArgs,
+    mut specs: impl Iterator<Item = &'s ResourceSpec>,
+) -> anyhow::Result<Option<Arc<dyn Transport>>> {
+    if !specs.any(|s| !matches!(s, ResourceSpec::Template(_))) {
+        return Ok(None);
+    }
+    Ok(Some(crate::cli::ssh::node_transport(loaded, node, args)?))
 }
 
 /// The container specs among `specs`.
