@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::plan::Action;
-use crate::proxmox::NodeApi;
 use crate::proxmox::container::ContainerError;
+use crate::proxmox::{ApiReader, NodeApi};
 use crate::resources::container::ContainerSpec;
 use crate::resources::pve_lines::PveLinesSpec;
 use crate::resources::wire::{Fact, Facts, Probe, Step};
@@ -133,9 +133,10 @@ pub trait TargetWriter: TargetReader {
 /// Why a target could not be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
-    /// Talking to the agent failed.
+    /// Talking to the agent failed: an `agent::client::AgentError` (boxed, so that this
+    /// layer does not import the agent that implements it; `agent/` converts with `From`).
     #[error(transparent)]
-    Agent(#[from] crate::agent::client::AgentError),
+    Agent(Box<dyn std::error::Error + Send + Sync>),
     /// Talking to a node's API failed.
     #[error(transparent)]
     Container(#[from] Box<ContainerError>),
@@ -153,9 +154,10 @@ pub enum AccessError {
     Node {
         /// The change's plan address.
         address: String,
-        /// Why.
+        /// Why: a `node::NodeError` (boxed as an error, so that this layer does not import
+        /// the node that implements it).
         #[source]
-        source: Box<crate::node::NodeError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A probe or operation this access cannot carry.
     #[error("{target} cannot carry {what}")]
@@ -169,9 +171,10 @@ pub enum AccessError {
 
 /// A container's configuration through its node's API: reads its probes, runs
 /// [`Op::Api`]. The desired specs are known up front: reading one needs its spec (pending
-/// values are compared per declared key).
-pub struct ApiTarget {
-    api: Arc<NodeApi>,
+/// values are compared per declared key). Built on an [`ApiReader`] (`plan`, `check`) it is
+/// only a [`TargetReader`]: GET is all it can send; on a [`NodeApi`] (`apply`) it also writes.
+pub struct ApiTarget<A = NodeApi> {
+    api: Arc<A>,
     specs: Vec<ContainerSpec>,
     seen: Option<SeenContainers>,
     cluster: bool,
@@ -181,9 +184,9 @@ pub struct ApiTarget {
 /// the guest of a container that is not there (yet) is planned without a connection.
 pub type SeenContainers = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>;
 
-impl ApiTarget {
+impl<A: AsRef<ApiReader>> ApiTarget<A> {
     /// Access to containers of the node behind `api`, declared as `specs`.
-    pub fn new(api: Arc<NodeApi>, specs: Vec<ContainerSpec>) -> Self {
+    pub fn new(api: Arc<A>, specs: Vec<ContainerSpec>) -> Self {
         ApiTarget {
             api,
             specs,
@@ -207,7 +210,7 @@ impl ApiTarget {
     }
 }
 
-impl TargetReader for ApiTarget {
+impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
     fn describe(&self) -> String {
         "the node's API".into()
     }
@@ -216,14 +219,13 @@ impl TargetReader for ApiTarget {
     /// config and pending values.
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
         use crate::proxmox::container;
+        let api: &ApiReader = (*self.api).as_ref();
         if probes.is_empty() {
             return Ok(Facts::Read(HashMap::new()));
         }
         let boxed = |e: ContainerError| AccessError::Container(Box::new(e));
-        self.api
-            .version()
-            .map_err(|e| boxed(ContainerError::from(e)))?;
-        let listing = container::list(&self.api).map_err(|e| boxed(ContainerError::from(e)))?;
+        api.version().map_err(|e| boxed(ContainerError::from(e)))?;
+        let listing = container::list(api).map_err(|e| boxed(ContainerError::from(e)))?;
         if let Some(seen) = &self.seen
             && let Ok(mut seen) = seen.lock()
         {
@@ -231,7 +233,7 @@ impl TargetReader for ApiTarget {
         }
         let placed = match self.cluster {
             true => Some(
-                crate::proxmox::cluster::containers(&self.api)
+                crate::proxmox::cluster::containers(api)
                     .map_err(|e| boxed(ContainerError::from(e)))?,
             ),
             false => None,
@@ -245,19 +247,19 @@ impl TargetReader for ApiTarget {
                 });
             };
             if let Some(at) = placed.as_ref().and_then(|p| p.get(vmid))
-                && at.node != self.api.node
+                && at.node != api.node
             {
-                let mut fact = container::read_on(&self.api, &at.node, *vmid, at.running)
+                let mut fact = container::read_on(api, &at.node, *vmid, at.running)
                     .map_err(|e| boxed(ContainerError::from(e)))?;
-                fact.misplaced = Some((at.node.clone(), self.api.node.clone()));
+                fact.misplaced = Some((at.node.clone(), api.node.clone()));
                 out.insert(p.clone(), Fact::PveContainer(Some(fact)));
                 continue;
             }
             let fact = match self.specs.iter().find(|c| c.vmid == *vmid) {
-                Some(spec) => container::read_for(&self.api, spec, &listing).map_err(boxed)?,
+                Some(spec) => container::read_for(api, spec, &listing).map_err(boxed)?,
                 None => match listing.get(vmid) {
                     Some((_, running)) => Some(
-                        container::read(&self.api, *vmid, *running)
+                        container::read(api, *vmid, *running)
                             .map_err(|e| boxed(ContainerError::from(e)))?,
                     ),
                     None => None,
@@ -269,7 +271,7 @@ impl TargetReader for ApiTarget {
     }
 }
 
-impl TargetWriter for ApiTarget {
+impl TargetWriter for ApiTarget<NodeApi> {
     /// Each API action is reported as an outcome; the container module reads back and
     /// fails unless it converged.
     fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {

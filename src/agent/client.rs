@@ -149,6 +149,12 @@ pub enum AgentError {
     },
 }
 
+impl From<AgentError> for AccessError {
+    fn from(e: AgentError) -> Self {
+        AccessError::Agent(Box::new(e))
+    }
+}
+
 /// The agent this provision pushes to targets, as it travels: its sha256 (which names it
 /// in the target's cache) and a zstd frame of it; read once per run.
 pub struct AgentBinary {

@@ -76,7 +76,8 @@ fn waited_for_left_run(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         matches!(
             c.downcast_ref::<AccessError>(),
-            Some(AccessError::Agent(AgentError::Waited { .. }))
+            Some(AccessError::Agent(a))
+                if matches!(a.downcast_ref::<AgentError>(), Some(AgentError::Waited { .. }))
         ) || matches!(
             c.downcast_ref::<AgentError>(),
             Some(AgentError::Waited { .. })
@@ -226,11 +227,17 @@ fn saved_plan(path: &Path) -> anyhow::Result<Option<Plan>> {
         return Ok(None);
     };
     if version != u64::from(FORMAT_VERSION) {
+        let made_by = if version < u64::from(FORMAT_VERSION) {
+            "an older"
+        } else {
+            "a newer"
+        };
         return Err(Diagnostic::new(format!(
             "{} is a plan in format {version}; this provision reads format {FORMAT_VERSION}",
             path.display()
         ))
-        .hint("make the plan again with this provision")
+        .cause(format!("it was made by {made_by} provision, whose plans this one would read differently (docs/plan-format.md lists what each version changed)"))
+        .hint("make the plan again with this provision: `provision plan --out FILE INVENTORY`")
         .into());
     }
     let plan: Plan = serde_json::from_value(value).map_err(|e| {

@@ -5,11 +5,12 @@
 //! storage makes it earlier in the same apply. Read with the node's API
 //! (`GET /nodes/{node}/storage`) and its SSH (`test -d`, one round trip per node).
 
-use std::time::Duration;
-
-use super::targets::{Connections, TargetArgs};
+use super::session::ReadSession;
+use super::targets::TargetArgs;
 use crate::diagnostic::Diagnostic;
 use crate::inventory::Loaded;
+use crate::node::NodeError;
+use crate::node::probe::NodeProbe;
 use crate::plan::{Action, Plan, Target};
 use crate::printer::Printer;
 use crate::resources::ResourceSpec;
@@ -19,7 +20,7 @@ use crate::resources::ResourceSpec;
 pub fn refuse_missing(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &Connections<'_>,
+    conns: &ReadSession<'_>,
     args: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<()> {
@@ -46,7 +47,7 @@ pub fn refuse_missing(
         });
         if creates {
             let api = conns.node(node)?;
-            let data = api.call("GET", &api.node_path("/storage"), &[])?;
+            let data = api.get(&api.node_path("/storage"), &[])?;
             let storages: Vec<(String, String)> = data
                 .as_array()
                 .into_iter()
@@ -101,19 +102,11 @@ pub fn refuse_missing(
             ));
             continue;
         }
-        let script: String = paths
-            .iter()
-            .map(|m| {
-                let q = crate::transport::shell_quote(m.host.as_str());
-                format!("[ -d {q} ] || echo {q}; ")
-            })
-            .collect();
+        let dirs: Vec<&str> = paths.iter().map(|m| m.host.as_str()).collect();
         // A node whose SSH is not needed for this plan (root@pam's password writes bind
         // mounts through the API) and does not answer is said so, not made fatal.
-        let out = match super::ssh::node_transport(loaded, node, args)
-            .and_then(|t| Ok(t.exec(&script, &[], Duration::from_secs(30))?))
-        {
-            Ok(out) => out,
+        let probe = match super::ssh::node_transport(loaded, node, args) {
+            Ok(t) => NodeProbe::new(t),
             Err(e) => {
                 printer.warn(&format!(
                     "container.{name}: the bind mounts' host directories were not checked (node `{node}`'s SSH: {})",
@@ -122,14 +115,23 @@ pub fn refuse_missing(
                 continue;
             }
         };
-        if !out.success() {
-            return Err(Diagnostic::new(format!(
-                "cannot check the bind mounts' host directories on node `{node}`"
-            ))
-            .cause(out.stderr_text())
-            .into());
-        }
-        let absent: Vec<String> = out.stdout_text().lines().map(str::to_string).collect();
+        let absent = match probe.missing_dirs(&dirs) {
+            Ok(absent) => absent,
+            Err(NodeError::Transport(e)) => {
+                printer.warn(&format!(
+                    "container.{name}: the bind mounts' host directories were not checked (node `{node}`'s SSH: {})",
+                    crate::diagnostic::one_line(&e)
+                ));
+                continue;
+            }
+            Err(e) => {
+                return Err(Diagnostic::new(format!(
+                    "cannot check the bind mounts' host directories on node `{node}`"
+                ))
+                .cause(e.to_string())
+                .into());
+            }
+        };
         for m in paths {
             if absent.iter().any(|a| a == m.host.as_str()) {
                 missing.push((

@@ -14,6 +14,7 @@ pub mod privileges;
 pub mod progress;
 pub mod render;
 pub mod schema;
+pub mod session;
 pub mod ssh;
 pub mod targets;
 pub mod validate;

@@ -2,27 +2,26 @@
 //! the GPUs of nodes whose containers pass GPUs through.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use super::Prepared;
+use super::session::ReadSession;
 use super::ssh::node_transport;
-use super::targets::Connections;
 use super::targets::TargetArgs;
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
 use crate::engine::desired::desired_state;
-use crate::gpu::passthrough_lines;
 use crate::inventory::Loaded;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
 use crate::node::gpu_check;
+use crate::node::probe::NodeProbe;
 use crate::plan::Target;
 use crate::plan::{Action, Attribute, Change, Plan};
 use crate::printer::Printer;
+use crate::render::passthrough::passthrough_lines;
 use crate::resources::Resource;
 use crate::resources::ResourceSpec;
 use crate::resources::pve_lines::is_dev_key;
-use crate::transport::Transport;
 
 /// The desired state with the passthrough lines of every selected GPU container rendered
 /// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
@@ -65,8 +64,8 @@ pub fn with_live_gpus(
             continue;
         }
         printer.status(&format!("reading the GPUs of node {node_name}"));
-        let transport = node_transport(loaded, node_name.as_str(), targets)?;
-        let gpus = node_gpu::read(transport.as_ref(), &root)?;
+        let probe = NodeProbe::new(node_transport(loaded, node_name.as_str(), targets)?);
+        let gpus = probe.gpus(&root)?;
         for (name, g) in with_gpus {
             // The lines themselves come from the role below; this refuses, at the
             // inventory's line, what they cannot be made from (a GPU the node lacks, a
@@ -87,7 +86,7 @@ pub fn with_live_gpus(
                 .into());
             }
         }
-        live.insert(node_name.to_string(), (transport, gpus.clone()));
+        live.insert(node_name.to_string(), (probe, gpus.clone()));
         read.insert(node_name.to_string(), gpus);
     }
     if read.is_empty() {
@@ -118,8 +117,9 @@ pub fn with_live_gpus(
     ))
 }
 
-/// The node sessions that read GPU facts, with what they read, by node name.
-pub type LiveNodes = HashMap<String, (Arc<dyn Transport>, NodeGpus)>;
+/// The nodes whose GPU facts were read (over a read-only [`NodeProbe`]), with what they
+/// read, by node name.
+pub type LiveNodes = HashMap<String, (NodeProbe, NodeGpus)>;
 
 /// The GPU checks inside every running container whose passthrough lines are as
 /// declared (one `pct exec` over the node session that read the facts): a container that
@@ -138,7 +138,7 @@ pub fn gpu_checks(
         let Target::Container { node, vmid, .. } = &t.target else {
             continue;
         };
-        let Some((session, gpus)) = live.get(node) else {
+        let Some((probe, gpus)) = live.get(node) else {
             continue;
         };
         if t.changes
@@ -166,7 +166,7 @@ pub fn gpu_checks(
                 continue;
             }
             let want = gpu_check::expected(gpus, spec);
-            let mut view = gpu_check::check(session.clone(), *vmid, gpus, &want)?;
+            let mut view = probe.container_gpus(*vmid, gpus, &want)?;
             if userspace_owned {
                 view.drift
                     .retain(|l| !l.starts_with(gpu_check::USERSPACE_DRIFT));
@@ -213,7 +213,7 @@ fn container_name(t: &Target) -> Option<&str> {
 pub fn refuse_root_only(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &Connections<'_>,
+    conns: &ReadSession<'_>,
 ) -> anyhow::Result<()> {
     let mut blocked = Vec::new();
     for t in &plan.targets {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use super::targets::{Connections, TargetArgs, select};
+use super::session::ReadSession;
+use super::targets::{TargetArgs, select};
 use super::{ExitStatus, Prepared, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
@@ -107,7 +108,7 @@ pub fn read_targets(
     let desired = select(prepared.desired, targets)?;
     let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets);
     let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
-    let conns = Connections::new(&prepared.loaded, targets, binary, printer);
+    let conns = ReadSession::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
     let read = online::plan(
         inventory,

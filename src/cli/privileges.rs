@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::targets::Connections;
+use super::session::ReadSession;
 use crate::inventory::Loaded;
 use crate::plan::{Action, Plan, Target};
 use crate::resources::ResourceSpec;
@@ -18,7 +18,7 @@ type Need = (String, Vec<&'static str>, String);
 
 /// Refuses the plan when a node reached with an API token lacks a privilege one of its
 /// container changes needs.
-pub fn refuse_missing(plan: &Plan, loaded: &Loaded, conns: &Connections<'_>) -> anyhow::Result<()> {
+pub fn refuse_missing(plan: &Plan, loaded: &Loaded, conns: &ReadSession<'_>) -> anyhow::Result<()> {
     let mut lacking: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in &plan.targets {
         let Target::Container { node, vmid, .. } = &t.target else {
@@ -46,7 +46,7 @@ pub fn refuse_missing(plan: &Plan, loaded: &Loaded, conns: &Connections<'_>) -> 
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (path, privs, why) in needs {
             if !held.contains_key(&path) {
-                let data = api.call("GET", "/access/permissions", &[("path", &path)])?;
+                let data = api.get("/access/permissions", &[("path", &path)])?;
                 let privs = data[&path]
                     .as_object()
                     .map(|m| m.keys().cloned().collect())

@@ -1,7 +1,6 @@
 //! What the commands that reach real targets share: choosing targets (`--target`) and
 //! connecting to them.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -11,22 +10,24 @@ use clap::builder::TypedValueParser;
 use std::collections::BTreeSet;
 
 use super::guest;
-use crate::access::{ApiTarget, SeenContainers, TargetReader, TargetWriter};
+use super::session::NodeSlots;
+use crate::access::{ApiTarget, TargetWriter};
 use crate::agent::attach::Observer;
-use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
+use crate::agent::client::{AgentBinary, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::engine::schedule::{self, Limits};
 use crate::inventory::Loaded;
-use crate::node::host::{NodeReader, NodeWriter};
+use crate::node::host::NodeWriter;
 use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
 use crate::plan::Action;
 use crate::plan::{Target, TargetPlan};
 use crate::printer::Printer;
-use crate::proxmox::{ApiSettings, NodeApi};
+use crate::proxmox::NodeApi;
 use crate::resources::ResourceSpec;
 use crate::resources::container::ContainerSpec;
 use crate::resources::container::RestartPolicy;
+use crate::transport::Transport;
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -113,20 +114,15 @@ pub fn select(
         .collect())
 }
 
-/// One node's API connection, once made.
-type NodeSlot = Arc<Mutex<Option<Arc<NodeApi>>>>;
-
-/// Connections made during one command: one API connection per node, shared by its
-/// containers (so `/version` is read once per node). Shared by the threads that work on
-/// several targets at once.
+/// `apply`'s connections: one API connection per node that can write, shared by its
+/// containers (so `/version` is read once per node), and the writers built on them.
+/// `plan` and `check` have a [`ReadSession`](super::session::ReadSession) instead.
 pub struct Connections<'a> {
     loaded: &'a Loaded,
     args: &'a TargetArgs,
     binary: Arc<AgentBinary>,
     printer: &'a Printer,
-    nodes: Mutex<HashMap<String, NodeSlot>>,
-    /// Each node's containers as its last listing showed them.
-    seen: Mutex<HashMap<String, SeenContainers>>,
+    nodes: NodeSlots<NodeApi>,
     /// Containers this apply creates or replaces: their guests are bootstrapped and
     /// their new host keys trusted.
     fresh: Mutex<BTreeSet<u64>>,
@@ -145,70 +141,8 @@ impl<'a> Connections<'a> {
             args,
             binary,
             printer,
-            nodes: Mutex::new(HashMap::new()),
-            seen: Mutex::new(HashMap::new()),
+            nodes: NodeSlots::default(),
             fresh: Mutex::new(BTreeSet::new()),
-        }
-    }
-
-    /// Whether the last listing of `node` showed container `vmid` running.
-    pub fn running(&self, node: &str, vmid: u64) -> bool {
-        self.seen(node)
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&vmid).copied())
-            .unwrap_or(false)
-    }
-
-    fn seen(&self, node: &str) -> SeenContainers {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.entry(node.to_string()).or_default().clone()
-    }
-
-    /// Read access for `plan` and `check`: the agent for a guest (through the node when
-    /// it does not answer SSH yet; the empty world when its container is not there), the
-    /// node's API for a container's config.
-    pub fn reader(&self, d: &DesiredTarget) -> anyhow::Result<Box<dyn TargetReader>> {
-        match &d.target {
-            Target::Container { node, .. } => Ok(Box::new(
-                ApiTarget::new(
-                    self.node(node)?,
-                    container_specs(d.resources.iter().map(|r| &r.spec)),
-                )
-                .recording(self.seen(node))
-                .in_cluster(self.in_cluster(node)),
-            )),
-            Target::Guest { name, .. } => {
-                // Only a listing actually read says the container is not there.
-                let seen = guest::find(self.loaded, name).and_then(|(n, _, _)| {
-                    let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-                    seen.get(n).cloned()
-                });
-                let transport = match guest::plan_read(
-                    self.loaded,
-                    name,
-                    seen.as_ref(),
-                    self.args,
-                    self.printer,
-                )? {
-                    guest::GuestRead::Empty(r) => return Ok(r),
-                    guest::GuestRead::Ssh(t) | guest::GuestRead::Node(t) => t,
-                };
-                Ok(Box::new(
-                    AgentReader::new(transport, self.binary.clone())
-                        .verify_full(self.args.verify_full),
-                ))
-            }
-            Target::Node { node, .. } => {
-                let api = self.node(node)?;
-                let agent = if needs_node_ssh(d.resources.iter().map(|r| &r.spec)) {
-                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
-                    Some(AgentReader::new(ssh, self.binary.clone()))
-                } else {
-                    None
-                };
-                Ok(Box::new(NodeReader::new(api, agent)))
-            }
         }
     }
 
@@ -227,7 +161,7 @@ impl<'a> Connections<'a> {
                     self.node(node)?,
                     container_specs(t.changes.iter().map(|c| &c.spec)),
                 )
-                .in_cluster(self.in_cluster(node));
+                .in_cluster(in_cluster(self.loaded, node));
                 if t.changes.iter().any(|c| {
                     matches!(c.spec, ResourceSpec::Container(_))
                         && matches!(c.action, Action::Create | Action::Replace)
@@ -286,86 +220,58 @@ impl<'a> Connections<'a> {
             }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;
-                let agent = if needs_node_ssh(t.changes.iter().map(|c| &c.spec)) {
-                    let ssh = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                let ssh = node_ssh(
+                    self.loaded,
+                    node,
+                    self.args,
+                    t.changes.iter().map(|c| &c.spec),
+                )?;
+                let agent = ssh.map(|ssh| {
                     let writer = AgentWriter::new(ssh, self.binary.clone());
-                    Some(match observe {
+                    match observe {
                         Some(o) => writer.observe(o),
                         None => writer,
-                    })
-                } else {
-                    None
-                };
+                    }
+                });
                 Ok(Box::new(NodeWriter::new(api, agent)))
             }
         }
     }
 
-    /// Whether the inventory puts node `node` in a cluster.
-    fn in_cluster(&self, node: &str) -> bool {
-        self.loaded
-            .inventory
-            .nodes
-            .iter()
-            .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
-    }
-
     /// The API connection to the node named `node` in the inventory.
     pub fn node(&self, node: &str) -> anyhow::Result<Arc<NodeApi>> {
-        let slot = {
-            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-            nodes.entry(node.to_string()).or_default().clone()
-        };
-        // The node's own slot is held while connecting, so two targets of one node share
-        // one login while other nodes connect at the same time.
-        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(api) = slot.as_ref() {
-            return Ok(api.clone());
-        }
-        let inv = self
-            .loaded
-            .inventory
-            .nodes
-            .iter()
-            .find(|(n, _)| n.as_str() == node)
-            .map(|(_, n)| n)
-            .ok_or_else(|| Diagnostic::new(format!("no node `{node}` in the inventory")))?;
-        let settings =
-            ApiSettings::from_inventory(node, &inv.api, &self.loaded.base_dir, self.args.insecure)?;
-        let api = Arc::new(NodeApi::connect(&settings)?);
-        *slot = Some(api.clone());
-        Ok(api)
-    }
-
-    /// Warns, on every run that reads targets, when certificates are not verified.
-    pub fn warn_insecure(&self) {
-        if self.args.insecure {
-            self.printer.warn(
-                "--insecure: the nodes' TLS certificates are NOT verified; anyone on the path can read the API credentials and change the node",
-            );
-        }
-    }
-
-    /// Says how many API calls each node took (`-v`).
-    pub fn report_calls(&self) {
-        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        for (node, slot) in nodes.iter() {
-            if let Some(api) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                self.printer
-                    .verbose(&format!("node {node}: {} API call(s)", api.calls()));
-            }
-        }
+        self.nodes
+            .get(self.loaded, self.args, node, |s| Ok(NodeApi::connect(s)?))
     }
 }
 
-/// Whether a node target's resources need the agent over the node's SSH (templates go
+/// Whether the inventory puts node `node` in a cluster.
+pub(super) fn in_cluster(loaded: &Loaded, node: &str) -> bool {
+    loaded
+        .inventory
+        .nodes
+        .iter()
+        .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
+}
+
+/// The node's SSH when a node target's resources need the agent there (templates go
 /// through the API alone).
-fn needs_node_ssh<'s>(mut specs: impl Iterator<Item = &'s ResourceSpec>) -> bool {
-    specs.any(|s| !matches!(s, ResourceSpec::Template(_)))
+pub(super) fn node_ssh<'s>(
+    loaded: &Loaded,
+    node: &str,
+    args: &TargetArgs,
+    mut specs: impl Iterator<Item = &'s ResourceSpec>,
+) -> anyhow::Result<Option<Arc<dyn Transport>>> {
+    if !specs.any(|s| !matches!(s, ResourceSpec::Template(_))) {
+        return Ok(None);
+    }
+    Ok(Some(crate::cli::ssh::node_transport(loaded, node, args)?))
 }
 
 /// The container specs among `specs`.
-fn container_specs<'s>(specs: impl Iterator<Item = &'s ResourceSpec>) -> Vec<ContainerSpec> {
+pub(super) fn container_specs<'s>(
+    specs: impl Iterator<Item = &'s ResourceSpec>,
+) -> Vec<ContainerSpec> {
     specs
         .filter_map(|s| match s {
             ResourceSpec::Container(c) => Some(c.clone()),

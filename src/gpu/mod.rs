@@ -10,13 +10,11 @@ pub mod facts;
 pub mod nccl;
 pub mod nccl_report;
 pub mod parse;
-pub mod passthrough;
 pub mod probe;
 
 pub use checks::{CheckReport, CheckStatus, GuestExpectations, run_guest_checks};
 pub use facts::{FactSources, NodeFacts, gather_node_facts};
 pub use nccl::{NcclOptions, NcclOutcome, NcclRun, run_preflight};
-pub use passthrough::{PassthroughError, node_gpu_view, passthrough_lines};
 
 /// Parses a GPU named on the command line: an index (`0`) or a UUID (`GPU-…`).
 pub fn parse_gpu_selector(

@@ -100,7 +100,7 @@ impl NodeGpus {
 
     /// What the passthrough template sees of the node: live majors and minors.
     pub fn view(&self) -> NodeGpuView {
-        crate::gpu::node_gpu_view(&self.facts)
+        crate::render::passthrough::node_gpu_view(&self.facts)
     }
 
     /// Rendered passthrough lines pointed at this node's root (see [`Self::at_root`]).

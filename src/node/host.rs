@@ -8,31 +8,37 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::access::{AccessError, ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
-use crate::proxmox::NodeApi;
 use crate::proxmox::container::ContainerError;
+use crate::proxmox::{ApiReader, NodeApi};
 use crate::resources::wire::{Fact, Facts, Probe};
 
-/// Read access to a node.
+/// Read access to a node: GET on its API ([`ApiReader`]) and the agent's probes.
 pub struct NodeReader<R: TargetReader> {
-    api: Arc<NodeApi>,
+    api: Arc<ApiReader>,
     agent: Option<R>,
 }
 
 impl<R: TargetReader> NodeReader<R> {
     /// Reads through `api` and `agent` (the agent over the node's SSH; none when only
     /// the API is needed).
-    pub fn new(api: Arc<NodeApi>, agent: Option<R>) -> Self {
+    pub fn new(api: Arc<ApiReader>, agent: Option<R>) -> Self {
         NodeReader { api, agent }
     }
 }
 
 /// Write access to a node (apply only).
-pub struct NodeWriter<W: TargetWriter>(NodeReader<W>);
+pub struct NodeWriter<W: TargetWriter> {
+    read: NodeReader<W>,
+    api: Arc<NodeApi>,
+}
 
 impl<W: TargetWriter> NodeWriter<W> {
     /// Reads and writes through `api` and `agent` (none when only the API is needed).
     pub fn new(api: Arc<NodeApi>, agent: Option<W>) -> Self {
-        NodeWriter(NodeReader::new(api, agent))
+        NodeWriter {
+            read: NodeReader::new(api.reader(), agent),
+            api,
+        }
     }
 }
 
@@ -91,11 +97,11 @@ impl<R: TargetReader> TargetReader for NodeReader<R> {
 
 impl<W: TargetWriter> TargetReader for NodeWriter<W> {
     fn describe(&self) -> String {
-        self.0.describe()
+        self.read.describe()
     }
 
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
-        self.0.read(probes)
+        self.read.read(probes)
     }
 }
 
@@ -107,7 +113,7 @@ impl<W: TargetWriter> TargetWriter for NodeWriter<W> {
         while i < ops.len() {
             if let Op::Api(ApiOp::Template { address, spec }) = &ops[i] {
                 let started = Instant::now();
-                crate::proxmox::storage::download(&self.0.api, spec).map_err(|e| {
+                crate::proxmox::storage::download(&self.api, spec).map_err(|e| {
                     AccessError::Apply {
                         address: address.clone(),
                         source: Box::new(ContainerError::from(e)),
@@ -127,8 +133,8 @@ impl<W: TargetWriter> TargetWriter for NodeWriter<W> {
                 .iter()
                 .position(|o| matches!(o, Op::Api(_)))
                 .map_or(ops.len(), |n| i + n);
-            let Some(agent) = &self.0.agent else {
-                return Err(self.0.without_ssh(&ops[i].describe()));
+            let Some(agent) = &self.read.agent else {
+                return Err(self.read.without_ssh(&ops[i].describe()));
             };
             let done = agent.run(&ops[i..end])?;
             let failed = done.iter().any(|r| r.error.is_some()) || done.len() < end - i;

@@ -11,8 +11,10 @@ use crate::resources::ResourceSpec;
 use crate::resources::wire::Probe;
 
 /// The version of the JSON plan format; bumped on any change another version would read
-/// differently. 2: services keep where the inventory declared them (`declared`).
-pub const FORMAT_VERSION: u32 = 2;
+/// differently. 2: services keep where the inventory declared them (`declared`). 3: a
+/// target that could not be read says so (`not_read`): an older provision would apply its
+/// "everything to create" changes without reading it again.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

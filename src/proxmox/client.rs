@@ -3,8 +3,8 @@
 //! read once, and a count of the calls made (the no-op check's budget is 5 per container).
 
 use std::path::Path;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pve::{Auth, Client, RetryPolicy, Trust};
@@ -136,8 +136,9 @@ impl PveVersion {
     }
 }
 
-/// A connected node.
-pub struct NodeApi {
+/// A connected node, for reading only: [`ApiReader::get`] is the one call it can send, so
+/// `plan` and `check`, which hold nothing else, cannot reach a PUT, POST or DELETE.
+pub struct ApiReader {
     /// The node's inventory name.
     pub label: String,
     /// The node's name in Proxmox.
@@ -149,13 +150,64 @@ pub struct NodeApi {
     calls: AtomicUsize,
 }
 
+/// A connected node that can also change it (`apply`): [`NodeApi::call`] sends any method.
+/// It reads as an [`ApiReader`] (`Deref`), and hands out a reader of the same connection.
+pub struct NodeApi {
+    read: Arc<ApiReader>,
+}
+
+impl std::ops::Deref for NodeApi {
+    type Target = ApiReader;
+
+    fn deref(&self) -> &ApiReader {
+        &self.read
+    }
+}
+
+impl AsRef<ApiReader> for NodeApi {
+    fn as_ref(&self) -> &ApiReader {
+        &self.read
+    }
+}
+
+impl AsRef<ApiReader> for ApiReader {
+    fn as_ref(&self) -> &ApiReader {
+        self
+    }
+}
+
 impl NodeApi {
     /// Connects (logging in when the credentials are a password).
     pub fn connect(settings: &ApiSettings) -> Result<NodeApi, ProxmoxError> {
+        Ok(NodeApi {
+            read: Arc::new(ApiReader::connect(settings)?),
+        })
+    }
+
+    /// Calls the API (`path` below `/api2/json`) with any method. Reads and digest-guarded
+    /// writes are retried on transient failures; nothing else is.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        params: &[(&str, &str)],
+    ) -> Result<Value, ProxmoxError> {
+        self.read.send(method, path, params)
+    }
+
+    /// The read-only side of this connection (same login, same call count).
+    pub fn reader(&self) -> Arc<ApiReader> {
+        self.read.clone()
+    }
+}
+
+impl ApiReader {
+    /// Connects (logging in when the credentials are a password), for reading only.
+    pub fn connect(settings: &ApiSettings) -> Result<ApiReader, ProxmoxError> {
         crate::timing::time("api: client setup, login", || Self::connect_now(settings))
     }
 
-    fn connect_now(settings: &ApiSettings) -> Result<NodeApi, ProxmoxError> {
+    fn connect_now(settings: &ApiSettings) -> Result<ApiReader, ProxmoxError> {
         let err = |call: &str, e| ProxmoxError::from_api(&settings.label, call, e);
         let (client, ticket) = match &settings.credentials {
             Credentials::Token(t) => (
@@ -179,7 +231,7 @@ impl NodeApi {
                 true,
             ),
         };
-        Ok(NodeApi {
+        Ok(ApiReader {
             label: settings.label.clone(),
             node: settings.node.clone(),
             ticket,
@@ -189,9 +241,13 @@ impl NodeApi {
         })
     }
 
-    /// Calls the API (`path` below `/api2/json`). Reads and digest-guarded writes are
-    /// retried on transient failures; nothing else is.
-    pub fn call(
+    /// `GET path` (below `/api2/json`), retried on transient failures.
+    pub fn get(&self, path: &str, params: &[(&str, &str)]) -> Result<Value, ProxmoxError> {
+        self.send("GET", path, params)
+    }
+
+    /// Any method: private, so only [`NodeApi::call`] and [`ApiReader::get`] reach it.
+    fn send(
         &self,
         method: &str,
         path: &str,
@@ -214,7 +270,7 @@ impl NodeApi {
         if let Some(v) = self.version.get() {
             return Ok(v.clone());
         }
-        let data = self.call("GET", "/version", &[])?;
+        let data = self.get("/version", &[])?;
         let v = PveVersion::parse(data["version"].as_str().unwrap_or(""));
         Ok(self.version.get_or_init(|| v).clone())
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::client::NodeApi;
+use super::client::ApiReader;
 use super::error::ProxmoxError;
 
 /// Where the cluster says a container is.
@@ -22,8 +22,8 @@ pub struct Placement {
 
 /// Every container of the cluster `api` belongs to, by vmid (`GET /cluster/resources`,
 /// type `vm`: one call for all nodes).
-pub fn containers(api: &NodeApi) -> Result<BTreeMap<u64, Placement>, ProxmoxError> {
-    let data = api.call("GET", "/cluster/resources", &[("type", "vm")])?;
+pub fn containers(api: &ApiReader) -> Result<BTreeMap<u64, Placement>, ProxmoxError> {
+    let data = api.get("/cluster/resources", &[("type", "vm")])?;
     let mut out = BTreeMap::new();
     for r in data.as_array().into_iter().flatten() {
         if r["type"] != "lxc" {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::client::NodeApi;
+use super::client::{ApiReader, NodeApi};
 use super::error::ProxmoxError;
 use super::tasks::follow;
 use crate::plan::Action;
@@ -90,8 +90,8 @@ pub enum ContainerError {
 
 /// The node's containers (`GET /nodes/{node}/lxc`): vmid → (name, running). One call serves
 /// every container of the node.
-pub fn list(api: &NodeApi) -> Result<BTreeMap<u64, (String, bool)>, ProxmoxError> {
-    let data = api.call("GET", &api.node_path("/lxc"), &[])?;
+pub fn list(api: &ApiReader) -> Result<BTreeMap<u64, (String, bool)>, ProxmoxError> {
+    let data = api.get(&api.node_path("/lxc"), &[])?;
     let mut out = BTreeMap::new();
     for ct in data.as_array().into_iter().flatten() {
         let vmid = match &ct["vmid"] {
@@ -118,21 +118,21 @@ fn text(v: &Value) -> String {
 
 /// Reads one container that `list` says exists: its config (digest, raw `lxc.*` lines) and
 /// its pending values.
-pub fn read(api: &NodeApi, vmid: u64, running: bool) -> Result<PveContainerFact, ProxmoxError> {
+pub fn read(api: &ApiReader, vmid: u64, running: bool) -> Result<PveContainerFact, ProxmoxError> {
     read_on(api, &api.node, vmid, running)
 }
 
 /// [`read`] of a container on node `node` of `api`'s cluster (any member's API reaches
 /// every node).
 pub fn read_on(
-    api: &NodeApi,
+    api: &ApiReader,
     node: &str,
     vmid: u64,
     running: bool,
 ) -> Result<PveContainerFact, ProxmoxError> {
     let base = format!("/nodes/{node}/lxc/{vmid}");
-    let conf = api.call("GET", &format!("{base}/config"), &[("current", "1")])?;
-    let pending = api.call("GET", &format!("{base}/pending"), &[])?;
+    let conf = api.get(&format!("{base}/config"), &[("current", "1")])?;
+    let pending = api.get(&format!("{base}/pending"), &[])?;
     let mut fact = PveContainerFact {
         running,
         digest: conf["digest"].as_str().unwrap_or("").to_string(),
@@ -173,10 +173,9 @@ pub fn read_on(
 const CREATE_WAIT: Duration = Duration::from_secs(600);
 
 /// The UPID of a create task for `vmid` that has not ended, if any.
-fn running_create(api: &NodeApi, vmid: u64) -> Result<Option<String>, ProxmoxError> {
+fn running_create(api: &ApiReader, vmid: u64) -> Result<Option<String>, ProxmoxError> {
     let id = vmid.to_string();
-    let tasks = api.call(
-        "GET",
+    let tasks = api.get(
         &api.node_path("/tasks"),
         &[("vmid", id.as_str()), ("source", "active")],
     )?;
@@ -193,7 +192,7 @@ fn running_create(api: &NodeApi, vmid: u64) -> Result<Option<String>, ProxmoxErr
 /// Reads the container `spec` wants: `None` when its vmid is free; an error when another
 /// container (by hostname) holds it, unless provision created it (then the name changes).
 pub fn read_for(
-    api: &NodeApi,
+    api: &ApiReader,
     spec: &ContainerSpec,
     listing: &BTreeMap<u64, (String, bool)>,
 ) -> Result<Option<PveContainerFact>, ContainerError> {
@@ -238,7 +237,7 @@ pub fn read_for(
 /// Refuses, before anything changes, what only root@pam may write (bind mounts, device
 /// passthrough, features other than nesting), by Proxmox's own rules (`pve::perms`).
 fn root_only(
-    api: &NodeApi,
+    api: &ApiReader,
     spec: &ContainerSpec,
     found: Option<&PveContainerFact>,
 ) -> Result<(), ContainerError> {

@@ -9,5 +9,5 @@ pub mod error;
 pub mod storage;
 pub mod tasks;
 
-pub use client::{ApiSettings, NodeApi};
+pub use client::{ApiReader, ApiSettings, NodeApi};
 pub use error::ProxmoxError;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::client::NodeApi;
+use super::client::{ApiReader, NodeApi};
 use super::error::ProxmoxError;
 use super::tasks::follow;
 use crate::resources::template::{TemplateFact, TemplateSpec};
@@ -16,11 +16,11 @@ const DOWNLOAD_LIMIT: Duration = Duration::from_secs(1800);
 
 /// The templates of `storage`, by volume ID.
 pub fn templates(
-    api: &NodeApi,
+    api: &ApiReader,
     storage: &str,
 ) -> Result<BTreeMap<String, TemplateFact>, ProxmoxError> {
     let path = api.node_path(&format!("/storage/{storage}/content"));
-    let data = api.call("GET", &path, &[("content", "vztmpl")])?;
+    let data = api.get(&path, &[("content", "vztmpl")])?;
     Ok(data
         .as_array()
         .into_iter()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::client::NodeApi;
+use super::client::ApiReader;
 use super::error::ProxmoxError;
 
 /// Lines of the log shown when a task fails.
@@ -13,7 +13,7 @@ const LOG_TAIL: usize = 12;
 
 /// Waits for the task `upid` (the `data` of the call that started it) to stop; returns its
 /// log when it ended `OK`.
-pub fn follow(api: &NodeApi, upid: &Value, limit: Duration) -> Result<(), ProxmoxError> {
+pub fn follow(api: &ApiReader, upid: &Value, limit: Duration) -> Result<(), ProxmoxError> {
     let upid = upid.as_str().unwrap_or_default();
     let kind = pve::upid::Upid::decode(upid)
         .map(|u| format!("{} {}", u.kind, u.id))
@@ -22,7 +22,7 @@ pub fn follow(api: &NodeApi, upid: &Value, limit: Duration) -> Result<(), Proxmo
     let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(100);
     loop {
-        let st = api.call("GET", &status_path, &[])?;
+        let st = api.get(&status_path, &[])?;
         if st["status"] == "stopped" {
             let exit = st["exitstatus"].as_str().unwrap_or("").to_string();
             if exit == "OK" {
@@ -49,9 +49,9 @@ pub fn follow(api: &NodeApi, upid: &Value, limit: Duration) -> Result<(), Proxmo
 }
 
 /// The last lines of a task's log, indented; what could not be read says so.
-fn log_tail(api: &NodeApi, upid: &str) -> String {
+fn log_tail(api: &ApiReader, upid: &str) -> String {
     let path = api.node_path(&format!("/tasks/{upid}/log"));
-    match api.call("GET", &path, &[("start", "0"), ("limit", "5000")]) {
+    match api.get(&path, &[("start", "0"), ("limit", "5000")]) {
         Ok(Value::Array(lines)) => {
             let text: Vec<String> = lines
                 .iter()

@@ -2,10 +2,11 @@
 //! user's folders first, then the ones built into provision.
 
 pub mod context;
+pub mod passthrough;
 pub mod roles;
 pub mod service;
 pub mod sglang;
-pub mod systemd;
+pub use crate::resources::service::systemd;
 
 use std::path::{Path, PathBuf};
 

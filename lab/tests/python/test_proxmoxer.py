@@ -1,6 +1,6 @@
 """An independent client drives the lab: proxmoxer (PyPI) with the lab's API token.
 
-Run by lab/tests/proxmoxer.rs with the venv scripts/lab-deps makes; reads the lab's exports
+Run by lab/tests/lab/proxmoxer.rs with the venv scripts/lab-deps makes; reads the lab's exports
 (PVE_URL, PVE_TOKEN, ...) and LAB_TEST_VMID from the environment.
 """
 

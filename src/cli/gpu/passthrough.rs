@@ -48,7 +48,8 @@ pub fn run(
     let (facts, raw) = gpu::facts::gather_node_facts_raw(transport, &sources)?;
     save_raw(args.capture.save_raw.as_deref(), &raw)?;
     let renderer = Renderer::new(None)?;
-    match gpu::passthrough_lines(&facts, &args.gpus, args.method, &renderer) {
+    match crate::render::passthrough::passthrough_lines(&facts, &args.gpus, args.method, &renderer)
+    {
         Ok(lines) => {
             printer.result(&lines);
             Ok(ExitStatus::Success)

@@ -10,10 +10,10 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::ServiceSpec;
+use super::systemd::{assignments, split_shown};
 use crate::health::Verdict;
 use crate::health::watch::{journal_cursor, unit_properties, watch};
 use crate::host::write_file_atomic;
-use crate::render::systemd::{assignments, split_shown};
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub mod deploy;
 pub mod preflight;
 pub mod sglang_rules;
+pub mod systemd;
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
@@ -16,10 +17,10 @@ use crate::health::Readiness;
 use crate::health::process::value_digest;
 use crate::inventory::Pos;
 use crate::plan::{Action, Attribute, Change};
-use crate::render::systemd::{assignments, split_shown};
 use deploy::{Deploy, loaded_argv, loaded_differences_of};
 use preflight::Preflight;
 use sglang_rules::{Finding, release, release_rules};
+use systemd::{assignments, split_shown};
 
 /// A service, the one description of it: built once in Rust from the inventory (or written
 /// by a role), shown in the plan, diffed against what runs, carried by the deploy step, and

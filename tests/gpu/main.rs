@@ -1,0 +1,12 @@
+//! GPU facts, checks, passthrough and the NCCL preflight, from captured machine outputs
+//! and a fake node (`support/gpunode.rs`). One binary for the area.
+
+#[path = "../support/gpunode.rs"]
+mod gpunode;
+
+mod checks;
+mod cli;
+mod facts;
+mod nccl;
+mod parse;
+mod passthrough;

@@ -1,0 +1,60 @@
+//! `plan` and `check` change nothing on a target: the container's config in the lab's
+//! PVE root, the guest's files under /etc and /root (content, mode, owner, mtime) and the
+//! known_hosts file are taken before and after both ran against a container and guest
+//! with changes pending (a file's content and the container's memory), and must be
+//! identical. The one thing a read may leave, the agent binary in the target's cache
+//! (`/var/lib/provision/bin`), is outside what is compared, as documented in
+//! `cli/session.rs`. The node's own filesystem is not compared: the lab's node is this
+//! machine, shared by every lab's tests; what a container target could write on it is its
+//! config, which is.
+
+use crate::pve_cli::{Cli, Ct, cleanup, lab};
+
+/// Everything `plan`/`check` must leave as it was.
+fn snapshot(cli: &Cli, ct: &Ct) -> String {
+    let conf = std::fs::read_to_string(cli.conf(ct.vmid)).expect("the container's config");
+    let known_hosts =
+        std::fs::read_to_string(cli.dir.path().join("known_hosts")).expect("known_hosts");
+    let guest = cli.guest(
+        ct,
+        "find /etc /root -xdev -printf '%p %y %m %u %g %s %T@ %l\\n' | sort && \
+         find /etc /root -xdev -type f -exec sha256sum {} + | sort",
+    );
+    format!("== config\n{conf}\n== known_hosts\n{known_hosts}\n== guest\n{guest}")
+}
+
+#[test]
+fn plan_and_check_leave_container_guest_and_known_hosts_as_they_found_them() {
+    let cli = Cli::new(lab());
+    let _guard = cleanup(&cli.lab, 9268);
+    let mut ct = cli.ct("pxc-readonly", 9268, 248);
+    cli.write(&ct, true);
+    cli.expect(&["apply", "--yes"], 0);
+    // Changes pending on both targets: plan and check have something they could write.
+    ct.content = "hello = 2\n";
+    ct.memory = "640M";
+    cli.write(&ct, true);
+    let before = snapshot(&cli, &ct);
+    let plan = cli.expect(&["plan"], 0);
+    assert!(
+        plan.contains("/etc/app.conf") && plan.contains("memory"),
+        "{plan}"
+    );
+    let out = cli.dir.path().join("plan.json");
+    cli.expect(&["plan", "--out", out.to_str().unwrap()], 0);
+    cli.expect(&["check"], 2);
+    let after = snapshot(&cli, &ct);
+    if before != after {
+        let diff = similar::TextDiff::from_lines(&before, &after)
+            .unified_diff()
+            .to_string();
+        panic!("plan/check changed the target:\n{diff}");
+    }
+    // And the snapshot sees a real change: apply makes one.
+    cli.expect(&["apply", "--yes"], 0);
+    assert_ne!(
+        snapshot(&cli, &ct),
+        after,
+        "the snapshot misses what apply changes"
+    );
+}

@@ -1,0 +1,11 @@
+//! The tests that need no lab and no network: the CLI offline, validation, the node's plan
+//! without a node, `systemd-analyze verify` of rendered units, the agent's ELF headers.
+//! One binary (one link of the crate) for all of them.
+
+mod agent_elf;
+mod cli;
+mod engine;
+mod host_plan;
+mod imports;
+mod systemd_verify;
+mod validation;
