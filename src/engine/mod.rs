@@ -7,6 +7,7 @@ pub mod fresh;
 pub mod host;
 pub mod online;
 pub mod ops;
+pub mod removal;
 pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
@@ -87,6 +88,8 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
             (_, delta) => delta,
         };
         match delta {
+            // What is no longer declared and already gone (or kept) is not "checked".
+            None if matches!(d.spec, ResourceSpec::Removed(_)) => {}
             None => unchanged += 1,
             Some(delta) => changes.push(Change {
                 address: desired.address(&d.spec),
@@ -109,6 +112,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         read: None,
         warnings,
         not_read: None,
+        manages: None,
     })
 }
 

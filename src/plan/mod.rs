@@ -11,8 +11,9 @@ use crate::resources::ResourceSpec;
 use crate::resources::wire::Probe;
 
 /// The version of the JSON plan format; bumped on any change another version would read
-/// differently. 2: services keep where the inventory declared them (`declared`).
-pub const FORMAT_VERSION: u32 = 2;
+/// differently. 2: services keep where the inventory declared them (`declared`). 3: a
+/// guest's plan carries the record apply leaves (`manages`) and `removed` changes.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +62,10 @@ pub struct TargetPlan {
     /// differs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_read: Option<String>,
+    /// A guest's record of what provision manages, as apply leaves it (online plans of
+    /// guests only): what is declared, and model folders kept on purpose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manages: Option<crate::resources::managed::Record>,
 }
 
 /// The probes a target plan was made from and a digest of their answers.
@@ -74,6 +79,9 @@ pub struct ReadStamp {
     /// re-hash them too to compare like with like.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify_full: bool,
+    /// Model folders no longer declared were planned for deletion (`--prune-models`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune_models: bool,
 }
 
 /// A place changes happen: a node, a container's configuration on its node, or the

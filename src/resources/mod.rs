@@ -11,6 +11,7 @@ pub mod file;
 pub mod git_checkout;
 pub mod gpu_userspace;
 pub mod import_check;
+pub mod managed;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
@@ -69,6 +70,9 @@ pub enum ResourceSpec {
     GpuUserspace(gpu_userspace::GpuUserspaceSpec),
     /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
     ImportCheck(import_check::ImportCheckSpec),
+    /// Something provision made on a guest that is no longer declared (from the guest's
+    /// record): a `-` change while it is there.
+    Removed(managed::Removal),
 }
 
 /// How a resource differs from what was read.
@@ -176,6 +180,7 @@ impl ResourceSpec {
             ResourceSpec::NvidiaHost(r) => r,
             ResourceSpec::GpuUserspace(r) => r,
             ResourceSpec::ImportCheck(r) => r,
+            ResourceSpec::Removed(r) => r,
         }
     }
 
