@@ -32,10 +32,7 @@ pub fn read_target(
         let declared: Vec<String> = d.resources.iter().map(|r| r.spec.address()).collect();
         let gone = managed::removals(&record, &declared, prune_models);
         let mut more: Vec<Probe> = Vec::new();
-        for p in gone
-            .iter()
-            .flat_map(|g| crate::resources::Resource::probes(g))
-        {
+        for p in gone.iter().flat_map(crate::resources::Resource::probes) {
             if !probes.contains(&p) && !more.contains(&p) {
                 more.push(p);
             }

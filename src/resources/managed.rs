@@ -1,6 +1,6 @@
 //! What provision manages on a guest, and removing what is no longer declared.
 //!
-//! Apply keeps one record per guest ([`RECORD_PATH`]): the files it wrote (with the sha256
+//! Apply keeps one record per guest ([`RECORD_FILE`] in the agent's folder): the files it wrote (with the sha256
 //! it wrote), the services it deployed and the model folders it declared. `plan` reads it
 //! and turns each entry the inventory no longer declares into a [`Removal`], a resource
 //! like any other whose diff is a `-` change: a service is stopped and disabled, a file
@@ -18,8 +18,13 @@ use super::{Delta, Resource, ResourceSpec, StepsError};
 use crate::host::HostError;
 use crate::plan::{Action, Attribute, Change};
 
-/// Where a guest's record lives (beside the agent's cache, owned by provision).
-pub const RECORD_PATH: &str = "/var/lib/provision/managed.json";
+/// The record's file in the agent's state folder (`/var/lib/provision/managed.json` on a
+/// guest), owned by provision.
+pub const RECORD_FILE: &str = "managed.json";
+
+fn record_path() -> std::path::PathBuf {
+    crate::host::state_dir().join(RECORD_FILE)
+}
 
 /// The record's format version, bumped on any change another version would read differently.
 pub const RECORD_VERSION: u32 = 1;
@@ -278,16 +283,16 @@ impl Resource for Removal {
 
 /// Reads the record; `None` when provision has not written one yet.
 pub fn read() -> Result<Option<Record>, HostError> {
-    let path = Path::new(RECORD_PATH);
-    let text = match std::fs::read_to_string(path) {
+    let path = record_path();
+    let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(HostError::io("read", path)(e)),
+        Err(e) => return Err(HostError::io("read", &path)(e)),
     };
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| HostError::Unexpected {
-            what: RECORD_PATH.into(),
+            what: path.display().to_string(),
             detail: format!("not a record provision wrote ({e}); move it away to start anew"),
         })
 }
@@ -295,13 +300,7 @@ pub fn read() -> Result<Option<Record>, HostError> {
 /// Writes the record atomically (read back by [`crate::host::write_file_atomic`]).
 pub fn write(record: &Record) -> Result<(), StepError> {
     let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
-    crate::host::write_file_atomic(
-        Path::new(RECORD_PATH),
-        text.as_bytes(),
-        "root",
-        "root",
-        0o600,
-    )?;
+    crate::host::write_file_atomic(&record_path(), text.as_bytes(), "root", "root", 0o600)?;
     Ok(())
 }
 

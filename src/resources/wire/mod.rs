@@ -544,9 +544,9 @@ impl Step {
                 format!("install NVIDIA userspace {version} without the kernel module ({url})")
             }
             Step::Record(r) => format!(
-                "record {} managed thing(s) in {}",
+                "record {} managed thing(s) in the agent's {}",
                 r.entries.len(),
-                super::managed::RECORD_PATH
+                super::managed::RECORD_FILE
             ),
             Step::Remove(r) => match &r.entry {
                 super::managed::Entry::Service { unit } => format!("stop and disable {unit}"),
