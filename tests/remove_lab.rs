@@ -14,7 +14,7 @@ mod hub_support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fakehub::{Config, FakeHub};
+use fakehub::{Config, FakeHub, FileSpec, RepoSpec};
 use guestlab::{Guest, build_backends, git_repo, host};
 
 /// A container with `/shared` holding a Qwen3.5-shaped model folder, and the stand-in
@@ -58,9 +58,34 @@ fn lab(name: &str) -> Lab {
 impl Lab {
     /// The inventory with one service, `service`, on port 30000.
     fn inventory(&self, service: &str) {
+        self.inventory_with(
+            "",
+            "          qwen3.5-122b:
+            repo: Qwen/Qwen3.5-122B-A10B
+            path: /shared/models/Qwen3.5-122B-A10B
+",
+            &format!(
+                "          {service}:
+            model: qwen3.5-122b
+            served_model_name: qwen3.5-122b
+            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            attention_backend: triton
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
+"
+            ),
+        );
+    }
+
+    /// The container with the ml-env and sglang roles (and `roles`), `models` and
+    /// `services` (each indented by 10).
+    fn inventory_with(&self, roles: &str, models: &str, services: &str) {
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
-        roles: [ml-env, sglang]
+        roles: [{roles}ml-env, sglang]
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
@@ -71,21 +96,8 @@ impl Lab {
             revision: {commit}
             path: /root/sglang-main
         models:
-          qwen3.5-122b:
-            repo: Qwen/Qwen3.5-122B-A10B
-            path: /shared/models/Qwen3.5-122B-A10B
-        services:
-          {service}:
-            model: qwen3.5-122b
-            served_model_name: qwen3.5-122b
-            tp: 1
-            host: 0.0.0.0
-            port: 30000
-            attention_backend: triton
-            environment:
-              SGLANG_STANDIN_LINE: \"0.5.10\"
-            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
-",
+{models}        services:
+{services}",
             mirror = self.g.mirror_url,
             commit = self.commit,
         ));
@@ -105,12 +117,17 @@ impl Lab {
     }
 
     fn serving(&self) -> bool {
+        self.serves("qwen3.5-122b")
+    }
+
+    /// Whether the server on port 30000 is ready and lists `name`.
+    fn serves(&self, name: &str) -> bool {
         self.g
             .ct
             // Ready as the health gate means it: /health answers 200 (after warmup) and
             // /v1/models lists the name.
             .ssh("python3 -c \"import urllib.request as u;u.urlopen('http://127.0.0.1:30000/health');print(u.urlopen('http://127.0.0.1:30000/v1/models').read().decode())\"")
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains("qwen3.5-122b"))
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("\"{name}\"")))
             .unwrap_or(false)
     }
 
@@ -280,4 +297,126 @@ fn a_model_no_longer_declared_is_named_and_kept_until_pruned() {
     let (plan, _) = g.expect(&["plan"], 0);
     assert!(!plan.contains("models/two"), "{plan}");
     g.expect(&["check"], 0);
+}
+
+/// A hub model whose `config.json` names `arch` (the preflight's release rules read it).
+fn seed_model(id: &str, arch: &str) -> RepoSpec {
+    let mut r = RepoSpec::synthetic(id, 2, 1 << 20);
+    r.files.retain(|f| f.path != "config.json");
+    r.files.push(FileSpec::text(
+        "config.json",
+        &format!("{{\"architectures\": [\"{arch}\"], \"model_type\": \"qwen3_5_moe\"}}\n"),
+    ));
+    r
+}
+
+/// The seeds' switch, scaled to the lab as examples/lab.yaml scales llm-two: first
+/// examples/qwen3.5-397b-nvfp4.yaml's service (the NVFP4 model, FP8 KV cache,
+/// `--quantization modelopt_fp4`), then inventory/llm-two.yaml's (the 122B BF16 model with
+/// MTP and the two settings it needs), the same unit `sglang-qwen.service` written anew on the
+/// same port. After the switch the new model serves, the old folder is named and kept, check
+/// is clean, and a reboot brings up exactly the new service.
+#[test]
+fn the_seeds_switch_serves_the_new_model_and_a_reboot_keeps_it() {
+    let l = lab("rm-seeds");
+    let arch = "Qwen3_5MoeForConditionalGeneration";
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(l.g.bridge_ip(), 0),
+        repos: vec![
+            seed_model("nvidia/Qwen3.5-397B-A17B-NVFP4", arch),
+            seed_model("Qwen/Qwen3.5-122B-A10B", arch),
+        ],
+        token: Some(hub_support::TOKEN.to_string()),
+        page_size: 3,
+        hash_cache: None,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    let model = |key: &str, repo: &str, folder: &str| {
+        format!(
+            "          {key}:
+            repo: {repo}
+            revision: main
+            path: /shared/models/{folder}
+            endpoint: {endpoint}
+",
+            endpoint = hub.endpoint()
+        )
+    };
+    let common = "            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            trust_remote_code: true
+            attention_backend: triton
+            reasoning_parser: qwen3
+            tool_call_parser: qwen3_coder
+";
+    let readiness =
+        "            readiness: { deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }\n";
+    // Before: examples/qwen3.5-397b-nvfp4.yaml.
+    l.inventory_with(
+        "model-store, ",
+        &model(
+            "qwen3.5-397b-nvfp4",
+            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            "Qwen3.5-397B-A17B-NVFP4",
+        ),
+        &format!(
+            "          sglang-qwen:
+            model: qwen3.5-397b-nvfp4
+            served_model_name: qwen3.5-397b
+{common}            kv_cache_dtype: fp8_e4m3
+            extra_args: [--quantization, modelopt_fp4]
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+{readiness}"
+        ),
+    );
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serves("qwen3.5-397b"));
+
+    // After: inventory/llm-two.yaml.
+    l.inventory_with(
+        "model-store, ",
+        &model(
+            "qwen3.5-122b",
+            "Qwen/Qwen3.5-122B-A10B",
+            "Qwen3.5-122B-A10B",
+        ),
+        &format!(
+            "          sglang-qwen:
+            model: qwen3.5-122b
+            served_model_name: qwen3.5-122b
+{common}            kv_cache_dtype: bf16
+            speculative: {{ algorithm: NEXTN, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4 }}
+            mamba_scheduler_strategy: extra_buffer
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+              SGLANG_ENABLE_SPEC_V2: \"1\"
+{readiness}"
+        ),
+    );
+    let kept = "model /shared/models/Qwen3.5-397B-A17B-NVFP4 is no longer declared: kept";
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    assert!(plan.contains(kept), "{plan}");
+    // (lab() left a config.json there: the folder is adopted, not created.)
+    assert!(
+        plan.contains("~ model /shared/models/Qwen3.5-122B-A10B"),
+        "{plan}"
+    );
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serves("qwen3.5-122b"));
+    assert!(!l.serves("qwen3.5-397b"));
+    assert_eq!(l.units(), "sglang-qwen.service active\n");
+    let (clean, _) = l.g.expect(&["check"], 0);
+    assert!(clean.contains(kept), "{clean}");
+    assert!(
+        l.g.sh("test -d /shared/models/Qwen3.5-397B-A17B-NVFP4 && echo kept") == "kept\n",
+        "the old model folder was deleted by omission"
+    );
+
+    l.reboot_until_serving(Duration::from_secs(90));
+    assert_eq!(l.units(), "sglang-qwen.service active\n");
+    assert!(l.serves("qwen3.5-122b"));
+    l.g.expect(&["check"], 0);
 }
