@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use fakehub::{Config, FakeHub, FileSpec, RepoSpec};
-use guestlab::{Guest, build_backends, git_repo, host};
+use guestlab::Guest;
 
 /// A container with `/shared` holding a Qwen3.5-shaped model folder, and the stand-in
 /// served from the mirror as a git repository with the build backends beside it.
@@ -26,28 +26,7 @@ struct Lab {
 }
 
 fn lab(name: &str) -> Lab {
-    let shared = tempfile::tempdir().unwrap();
-    let model = shared.path().join("models/Qwen3.5-122B-A10B");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(
-        model.join("config.json"),
-        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
-    )
-    .unwrap();
-    let g = Guest::with_shared(name, shared.path());
-    let tree = tempfile::tempdir().unwrap();
-    let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
-    host(&format!(
-        "mkdir -p {0}/python && cp -a {standin}/pyproject.toml {standin}/src {0}/python/",
-        tree.path().display()
-    ));
-    let commit = git_repo(&g.mirror_dir, "sglang", &[tree.path()]).remove(0);
-    build_backends(&g.mirror_dir);
-    host(&format!(
-        "mkdir -p {0}/opt/wheels && cp {1}/wheels/*.whl {0}/opt/wheels/",
-        g.ct.rootfs().display(),
-        g.mirror_dir.display()
-    ));
+    let (g, shared, commit) = guestlab::standin_guest(name);
     Lab {
         g,
         _shared: shared,
