@@ -508,6 +508,18 @@ fn a_role_cannot_set_where_a_service_is_declared() {
     );
 }
 
+/// What is no longer declared comes from the guest's record: a role cannot plan a removal.
+#[test]
+fn a_role_cannot_write_a_removal() {
+    let err = refused_role(
+        "description: Own.\nresources:\n  - kind: removed\n    entry: { kind: file, path: /etc/passwd, sha256: x }\n",
+    );
+    assert!(
+        err.contains("roles/sglang.yaml:3:") && err.contains("a role cannot write it"),
+        "{err}"
+    );
+}
+
 /// `of:` must name a service of the container, and takes nothing the inventory says.
 #[test]
 fn a_users_role_naming_no_service_is_an_error_in_the_role() {

@@ -66,3 +66,61 @@ pub fn record(d: &DesiredTarget, facts: &Facts) -> Option<Record> {
     });
     Some(managed::record_of(kept.map(|r| &r.spec)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::managed::{Entry, Removal};
+    use crate::resources::wire::Fact;
+
+    fn removed(entry: Entry, prune: bool) -> Desired {
+        Desired {
+            spec: ResourceSpec::Removed(Removal { entry, prune }),
+            role: None,
+        }
+    }
+
+    #[test]
+    fn the_record_keeps_a_model_folder_kept_on_purpose_and_drops_what_is_gone() {
+        let model = Entry::Model {
+            path: "/m/old".into(),
+            repo: "o/old".into(),
+        };
+        let unit = Entry::Service {
+            unit: "old.service".into(),
+        };
+        let d = |prune| DesiredTarget {
+            target: Target::Guest {
+                name: "t".into(),
+                address: "root@h:22".into(),
+            },
+            resources: vec![removed(unit.clone(), prune), removed(model.clone(), prune)],
+        };
+        let facts = Facts::Read(
+            [
+                (
+                    Probe::FolderSize {
+                        path: "/m/old".into(),
+                    },
+                    Fact::FolderSize(Some(10)),
+                ),
+                (
+                    Probe::Unit {
+                        name: "old.service".into(),
+                    },
+                    Fact::Unit(None),
+                ),
+            ]
+            .into(),
+        );
+        assert_eq!(record(&d(false), &facts).unwrap().entries, [model.clone()]);
+        assert!(record(&d(true), &facts).unwrap().entries.is_empty());
+        // Only guests keep a record.
+        let mut node = d(false);
+        node.target = Target::Node {
+            node: "n".into(),
+            api: "https://n:8006".into(),
+        };
+        assert_eq!(record(&node, &facts), None);
+    }
+}
