@@ -113,7 +113,10 @@ mod tests {
             ]
             .into(),
         );
-        assert_eq!(record(&d(false), &facts).unwrap().entries, vec![model.clone()]);
+        assert_eq!(
+            record(&d(false), &facts).unwrap().entries,
+            vec![model.clone()]
+        );
         assert!(record(&d(true), &facts).unwrap().entries.is_empty());
         // Only guests keep a record.
         let mut node = d(false);
