@@ -82,6 +82,10 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
                     for dep in changed {
                         delta = delta.reason(format!("restart: {dep} changes"));
                     }
+                    delta.typed = Some(crate::resources::Typed::Service {
+                        restart: true,
+                        wait_first: false,
+                    });
                     delta
                 })
             }
@@ -101,6 +105,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
                 diff: delta.diff,
                 reasons: delta.reasons,
                 warnings: r.warnings(facts),
+                typed: delta.typed.clone(),
                 spec: d.spec.clone(),
             }),
         }

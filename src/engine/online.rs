@@ -169,19 +169,13 @@ pub fn apply(
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
-        if let Some(moved) = t.changes.iter().find(|c| {
-            matches!(c.spec, ResourceSpec::Container(_))
-                && c.attributes.iter().any(|a| a.name == "node")
+        if let Some((moved, on, declared)) = t.changes.iter().find_map(|c| match &c.typed {
+            Some(crate::resources::Typed::Moved { on, declared }) => Some((c, on, declared)),
+            _ => None,
         }) {
-            let a = moved.attributes.iter().find(|a| a.name == "node");
-            let (on, declared) = a
-                .map(|a| (a.before.clone(), a.after.clone()))
-                .unwrap_or_default();
             return Err(Diagnostic::new(format!(
-                "{} runs on node `{}` but is declared on node `{}`; nothing was changed",
+                "{} runs on node `{on}` but is declared on node `{declared}`; nothing was changed",
                 moved.address,
-                on.unwrap_or_default(),
-                declared.unwrap_or_default()
             ))
             .hint(crate::resources::container::MIGRATE_NOT_BUILT)
             .into());

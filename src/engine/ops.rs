@@ -111,7 +111,7 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
     t.changes
         .iter()
         .filter_map(|c| match &c.spec {
-            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
+            ResourceSpec::Service(svc) if crate::resources::service::restart_of(c).0 => svc
                 .preflight
                 .is_some()
                 .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
@@ -139,6 +139,7 @@ mod tests {
             diff: None,
             reasons: Vec::new(),
             warnings: Vec::new(),
+            typed: None,
             spec,
         }
     }

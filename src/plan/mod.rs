@@ -159,6 +159,10 @@ pub struct Change {
     /// What is worth knowing before applying it, though it does not stop the apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the change means for the operations that carry it out (a service's restart, a
+    /// container on another node), as the kind's diff decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typed: Option<crate::resources::Typed>,
     /// The desired state apply will reach, fully rendered (secrets by reference only).
     pub spec: ResourceSpec,
 }
