@@ -11,6 +11,24 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
+/// The agent's state folder on this machine, set once by the agent as it starts (the folder
+/// its binary is cached under); what it keeps there (the record of what provision manages)
+/// follows it, so an agent run from a test's own folder never touches the machine's.
+static STATE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Sets [`state_dir`] (the first call wins).
+pub fn set_state_dir(dir: PathBuf) {
+    let _ = STATE_DIR.set(dir);
+}
+
+/// The agent's state folder: as set by the agent, else `/var/lib/provision`.
+pub fn state_dir() -> PathBuf {
+    STATE_DIR
+        .get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/provision"))
+}
+
 /// Why something on the machine the agent runs on failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {

@@ -74,6 +74,9 @@ pub fn limit(step: &Step) -> Limit {
         Step::InstallUserspace { .. } => Limit::Total(min(30)),
         // Importing torch and SGLang from a cold disk takes a minute or two.
         Step::ImportCheck(_) => Limit::Total(min(15)),
+        Step::Record(_) => Limit::Total(min(5)),
+        // A server's stop (systemd's own stop timeout), or a model folder's files deleted.
+        Step::Remove(_) => Limit::Total(min(10)),
     }
 }
 

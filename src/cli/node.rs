@@ -192,6 +192,7 @@ pub fn gpu_checks(
                     "the config has the lines but the running container does not see its GPUs as declared: they take effect at a start; apply restarts CT {vmid} only with `restart: allowed`"
                 )],
                 warnings: Vec::new(),
+                typed: None,
                 spec: r.spec.clone(),
             });
         }

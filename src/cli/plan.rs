@@ -114,6 +114,7 @@ pub fn read_targets(
         inventory,
         &desired,
         targets.verify_full,
+        targets.prune_models,
         &targets.limits(),
         &|d| {
             printer.status(&format!("reading {}", d.target.heading()));

@@ -48,6 +48,10 @@ pub struct TargetArgs {
     /// metadata only).
     #[arg(long)]
     pub verify_full: bool,
+    /// Delete the model folders provision downloaded that the inventory no longer declares
+    /// (without it they are only named, with their size: data is never deleted by omission).
+    #[arg(long)]
+    pub prune_models: bool,
     /// Trust any TLS certificate of the nodes' APIs instead of the inventory's `tls:`
     /// (warned about on every run).
     #[arg(long)]

@@ -57,10 +57,12 @@ pub fn replan_replaced_guests(desired: &[DesiredTarget], plans: &mut [TargetPlan
         let verify_full = p.read.as_ref().is_some_and(|r| r.verify_full);
         let probes = d.probes();
         let mut fresh = diff_target(d, &Facts::Empty).expect(EMPTY_ANSWERS);
+        fresh.manages = super::removal::record(d, &Facts::Empty);
         fresh.read = Some(ReadStamp {
             digest: Facts::Empty.digest(&probes).expect(EMPTY_ANSWERS),
             probes,
             verify_full,
+            prune_models: false,
         });
         fresh.warnings.push(format!(
             "container.{name} is replaced, so its guest is planned as new (everything is built again on the new container)"

@@ -7,6 +7,7 @@ pub mod fresh;
 pub mod host;
 pub mod online;
 pub mod ops;
+pub mod removal;
 pub mod schedule;
 
 use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
@@ -81,12 +82,18 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
                     for dep in changed {
                         delta = delta.reason(format!("restart: {dep} changes"));
                     }
+                    delta.typed = Some(crate::resources::Typed::Service {
+                        restart: true,
+                        wait_first: false,
+                    });
                     delta
                 })
             }
             (_, delta) => delta,
         };
         match delta {
+            // What is no longer declared and already gone (or kept) is not "checked".
+            None if matches!(d.spec, ResourceSpec::Removed(_)) => {}
             None => unchanged += 1,
             Some(delta) => changes.push(Change {
                 address: desired.address(&d.spec),
@@ -98,6 +105,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
                 diff: delta.diff,
                 reasons: delta.reasons,
                 warnings: r.warnings(facts),
+                typed: delta.typed.clone(),
                 spec: d.spec.clone(),
             }),
         }
@@ -109,6 +117,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         read: None,
         warnings,
         not_read: None,
+        manages: None,
     })
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::error::{EngineError, OpenError};
 use super::ops::ops_of;
 use super::schedule::{self, Follow, Limits, Outcome, Skipped};
-use super::{Desired, DesiredTarget, diff_target};
+use super::{Desired, DesiredTarget, diff_target, removal};
 use crate::access::{Op, OpOutcome, TargetReader, TargetWriter};
 use crate::diagnostic::Diagnostic;
 use crate::plan::{Action, Plan, PlanMode, ReadStamp, Target, TargetPlan};
@@ -45,11 +45,13 @@ impl PartialPlan {
 /// concurrently as `limits` allow (a container's guest after its container). A target that
 /// cannot be read does not keep the others from being planned unless `limits.fail_fast`.
 /// `verify_full`: the readers re-hash model files, recorded in the plan so a saved plan is
-/// re-read the same way.
+/// re-read the same way. `prune_models`: a model folder no longer declared is planned for
+/// deletion, not only named.
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
     verify_full: bool,
+    prune_models: bool,
     limits: &Limits,
     read: &Read,
 ) -> PartialPlan {
@@ -62,14 +64,17 @@ pub fn plan(
             let d = &desired[i];
             let reader = timing::time("open target (includes login, ssh)", || read(d))
                 .map_err(EngineError::Open)?;
-            let probes = d.probes();
-            let facts = timing::time(read_phase(&d.target), || reader.read(&probes))?;
-            let mut target = timing::time("diff", || diff_target(d, &facts))?;
+            let (d, facts, probes) = timing::time(read_phase(&d.target), || {
+                removal::read_target(d, reader.as_ref(), prune_models)
+            })?;
+            let mut target = timing::time("diff", || diff_target(&d, &facts))?;
             target.not_read = reader.not_read();
+            target.manages = removal::record(&d, &facts);
             target.read = Some(ReadStamp {
                 digest: facts.digest(&probes)?,
                 probes,
                 verify_full,
+                prune_models,
             });
             Ok(target)
         },
@@ -164,19 +169,13 @@ pub fn apply(
     let mut work: Vec<(&TargetPlan, Vec<Op>)> = Vec::new();
     let mut unsupported = Vec::new();
     for t in &plan.targets {
-        if let Some(moved) = t.changes.iter().find(|c| {
-            matches!(c.spec, ResourceSpec::Container(_))
-                && c.attributes.iter().any(|a| a.name == "node")
+        if let Some((moved, on, declared)) = t.changes.iter().find_map(|c| match &c.typed {
+            Some(crate::resources::Typed::Moved { on, declared }) => Some((c, on, declared)),
+            _ => None,
         }) {
-            let a = moved.attributes.iter().find(|a| a.name == "node");
-            let (on, declared) = a
-                .map(|a| (a.before.clone(), a.after.clone()))
-                .unwrap_or_default();
             return Err(Diagnostic::new(format!(
-                "{} runs on node `{}` but is declared on node `{}`; nothing was changed",
+                "{} runs on node `{on}` but is declared on node `{declared}`; nothing was changed",
                 moved.address,
-                on.unwrap_or_default(),
-                declared.unwrap_or_default()
             ))
             .hint(crate::resources::container::MIGRATE_NOT_BUILT)
             .into());
@@ -294,13 +293,18 @@ fn read_again(t: &TargetPlan, reader: &dyn TargetReader) -> Result<TargetPlan, E
             })
             .collect(),
     };
-    let probes = desired.probes();
-    let facts = reader.read(&probes)?;
+    let (verify_full, prune_models) = t
+        .read
+        .as_ref()
+        .map_or((false, false), |r| (r.verify_full, r.prune_models));
+    let (desired, facts, probes) = removal::read_target(&desired, reader, prune_models)?;
     let mut now = diff_target(&desired, &facts)?;
+    now.manages = removal::record(&desired, &facts);
     now.read = Some(ReadStamp {
         digest: facts.digest(&probes)?,
         probes,
-        verify_full: t.read.as_ref().is_some_and(|r| r.verify_full),
+        verify_full,
+        prune_models,
     });
     Ok(now)
 }

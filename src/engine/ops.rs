@@ -9,6 +9,7 @@ use super::online::ApplyOptions;
 use crate::access::{ApiOp, NodeOp, Op};
 use crate::plan::{Change, Target, TargetPlan};
 use crate::resources::ResourceSpec;
+use crate::resources::managed::Entry;
 use crate::resources::wire::Step;
 
 /// The operations that carry out `t`'s changes, in order: API and node operations for the
@@ -107,6 +108,20 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
     // Every pending preflight is met at its service's change, so nothing is left here; if
     // one were, its weights are still pulled, last.
     steps.extend(weights.into_values());
+    if let (Some(record), Target::Guest { .. }) = (&t.manages, &t.target) {
+        // The record names what this apply may make or remove before it runs (an apply
+        // cut short leaves nothing unrecorded), and what is left once it is done.
+        let mut first = record.clone();
+        for c in &t.changes {
+            if let Some(e) = Entry::of(&c.spec)
+                && !first.entries.contains(&e)
+            {
+                first.entries.push(e);
+            }
+        }
+        steps.insert(0, Step::Record(first));
+        steps.push(Step::Record(record.clone()));
+    }
     ops.extend(steps.into_iter().map(Op::Guest));
     ops
 }
@@ -128,11 +143,87 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
     t.changes
         .iter()
         .filter_map(|c| match &c.spec {
-            ResourceSpec::Service(svc) if c.attributes.iter().any(|a| a.name != "enabled") => svc
+            ResourceSpec::Service(svc) if crate::resources::service::restart_of(c).0 => svc
                 .preflight
                 .is_some()
                 .then(|| (svc.unit_path.clone(), Step::Preflight(svc.clone()))),
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Action;
+    use crate::resources::file::FileSpec;
+    use crate::resources::managed::{Record, Removal, record_of};
+
+    fn change(spec: ResourceSpec, action: Action) -> Change {
+        let r = spec.resource();
+        Change {
+            address: format!("guest.t/{}", spec.address()),
+            kind: r.kind().into(),
+            name: r.name(),
+            action,
+            role: None,
+            attributes: Vec::new(),
+            diff: None,
+            reasons: Vec::new(),
+            warnings: Vec::new(),
+            typed: None,
+            spec,
+        }
+    }
+
+    #[test]
+    fn the_record_brackets_the_steps_and_names_what_is_removed_until_done() {
+        let file = ResourceSpec::File(FileSpec {
+            path: "/etc/b".into(),
+            content: "b\n".into(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode: 0o644,
+        });
+        let gone = Removal {
+            entry: Entry::Service {
+                unit: "a.service".into(),
+            },
+            prune: false,
+        };
+        let kept: Record = record_of([&file]);
+        let t = TargetPlan {
+            target: Target::Guest {
+                name: "t".into(),
+                address: "root@h:22".into(),
+            },
+            changes: vec![
+                change(ResourceSpec::Removed(gone.clone()), Action::Delete),
+                change(file.clone(), Action::Create),
+            ],
+            unchanged: 0,
+            read: None,
+            warnings: Vec::new(),
+            not_read: None,
+            manages: Some(kept.clone()),
+        };
+        let mut unsupported = Vec::new();
+        let ops = ops_of(&t, &ApplyOptions::default(), &mut unsupported);
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+        let steps: Vec<&Step> = ops
+            .iter()
+            .map(|o| match o {
+                Op::Guest(s) => s,
+                other => panic!("not a guest step: {other:?}"),
+            })
+            .collect();
+        assert_eq!(steps.len(), 4, "{steps:?}");
+        let Step::Record(first) = steps[0] else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(first.entries, [kept.entries[0].clone(), gone.entry.clone()]);
+        assert_eq!(steps[1], &Step::Remove(gone));
+        assert!(matches!(steps[2], Step::WriteFile { .. }), "{steps:?}");
+        assert_eq!(steps[3], &Step::Record(kept));
+    }
 }

@@ -13,7 +13,8 @@ use crate::resources::wire::Probe;
 /// The version of the JSON plan format; bumped on any change another version would read
 /// differently. 2: services keep where the inventory declared them (`declared`). 3: a
 /// target that could not be read says so (`not_read`): an older provision would apply its
-/// "everything to create" changes without reading it again.
+/// "everything to create" changes without reading it again;
+/// and a guest's plan carries the record apply leaves (`manages`) and `removed` changes.
 pub const FORMAT_VERSION: u32 = 3;
 
 /// Everything that would change, grouped by target.
@@ -63,6 +64,10 @@ pub struct TargetPlan {
     /// differs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_read: Option<String>,
+    /// A guest's record of what provision manages, as apply leaves it (online plans of
+    /// guests only): what is declared, and model folders kept on purpose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manages: Option<crate::resources::managed::Record>,
 }
 
 /// The probes a target plan was made from and a digest of their answers.
@@ -76,6 +81,9 @@ pub struct ReadStamp {
     /// re-hash them too to compare like with like.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify_full: bool,
+    /// Model folders no longer declared were planned for deletion (`--prune-models`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune_models: bool,
 }
 
 /// A place changes happen: a node, a container's configuration on its node, or the
@@ -153,6 +161,10 @@ pub struct Change {
     /// What is worth knowing before applying it, though it does not stop the apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the change means for the operations that carry it out (a service's restart, a
+    /// container on another node), as the kind's diff decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typed: Option<crate::resources::Typed>,
     /// The desired state apply will reach, fully rendered (secrets by reference only).
     pub spec: ResourceSpec,
 }

@@ -245,6 +245,15 @@ impl Role {
                 }
             }
         }
+        if kind == "removed" {
+            // What is no longer declared comes from the guest's record, never from a role.
+            return Err(self
+                .error_at(
+                    entry.pos,
+                    "kind `removed` is what provision plans for what it made and no longer declares; a role cannot write it".into(),
+                )
+                .hint("leave the resource out of the role: provision removes what it made (see docs/plan-format.md)"));
+        }
         if kind == "service" && rendered.contains_key("declared") {
             // Positions in the inventory are provision's to record (a saved plan keeps them).
             return Err(self

@@ -416,8 +416,8 @@ impl Resource for ContainerSpec {
                 });
                 match &found.misplaced {
                     None => delta,
-                    Some((on, declared)) => Some(
-                        delta
+                    Some((on, declared)) => Some({
+                        let mut d = delta
                             .unwrap_or_else(|| Delta::new(Action::Update))
                             .attr(Attribute::change(
                                 "node",
@@ -427,8 +427,13 @@ impl Resource for ContainerSpec {
                             .reason(format!(
                                 "CT {} runs on node `{on}` but is declared on node `{declared}`; moving it is planned only with `--migrate`",
                                 self.vmid
-                            )),
-                    ),
+                            ));
+                        d.typed = Some(super::Typed::Moved {
+                            on: on.clone(),
+                            declared: declared.clone(),
+                        });
+                        d
+                    }),
                 }
             }
         })

@@ -11,6 +11,7 @@ pub mod file;
 pub mod git_checkout;
 pub mod gpu_userspace;
 pub mod import_check;
+pub mod managed;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
@@ -69,6 +70,9 @@ pub enum ResourceSpec {
     GpuUserspace(gpu_userspace::GpuUserspaceSpec),
     /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
     ImportCheck(import_check::ImportCheckSpec),
+    /// Something provision made on a guest that is no longer declared (from the guest's
+    /// record): a `-` change while it is there.
+    Removed(managed::Removal),
 }
 
 /// How a resource differs from what was read.
@@ -82,6 +86,30 @@ pub struct Delta {
     pub diff: Option<String>,
     /// Why, in words.
     pub reasons: Vec<String>,
+    /// What the change means for the operations that carry it out, when the kind says more
+    /// than its attributes show (decided by its diff, never read back from display labels).
+    pub typed: Option<Typed>,
+}
+
+/// A change's meaning for its operations, decided by the kind's diff and kept in the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Typed {
+    /// A service: whether the change (re)starts it (only `enabled` differing does not),
+    /// and whether a server that runs as declared and is not ready yet is waited for first.
+    Service {
+        /// The change starts or restarts it (and so its preflight runs first).
+        restart: bool,
+        /// It runs as declared: wait for it before any restart.
+        wait_first: bool,
+    },
+    /// A container found on another node of the cluster than declared.
+    Moved {
+        /// The node it is on.
+        on: String,
+        /// The node the inventory declares.
+        declared: String,
+    },
 }
 
 impl Delta {
@@ -92,6 +120,7 @@ impl Delta {
             attributes: Vec::new(),
             diff: None,
             reasons: Vec::new(),
+            typed: None,
         }
     }
 
@@ -176,6 +205,7 @@ impl ResourceSpec {
             ResourceSpec::NvidiaHost(r) => r,
             ResourceSpec::GpuUserspace(r) => r,
             ResourceSpec::ImportCheck(r) => r,
+            ResourceSpec::Removed(r) => r,
         }
     }
 

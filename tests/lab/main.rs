@@ -22,5 +22,6 @@ mod proxmox;
 mod pve_cli;
 mod read_only;
 mod rebuild;
+mod remove;
 mod service;
 mod stream;

@@ -17,7 +17,7 @@ use crate::guestlab;
 use std::path::Path;
 use std::time::Instant;
 
-use guestlab::{Guest, build_backends, git_repo, host};
+use guestlab::{Guest, host};
 
 /// The message SGLang 0.5.10 gives for the seeds' first unit (no space after `no_buffer.`).
 const SEED_ERROR: &str = "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.";
@@ -43,28 +43,7 @@ struct Lab {
 /// stand-in as a git repository (its project under `python/`, as SGLang's is) and a
 /// wheelhouse with the build backends.
 fn lab(name: &str) -> Lab {
-    let shared = tempfile::tempdir().unwrap();
-    let model = shared.path().join("models/Qwen3.5-122B-A10B");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(
-        model.join("config.json"),
-        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
-    )
-    .unwrap();
-    let g = Guest::with_shared(name, shared.path());
-    let tree = tempfile::tempdir().unwrap();
-    let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
-    host(&format!(
-        "mkdir -p {0}/python && cp -a {standin}/pyproject.toml {standin}/src {0}/python/",
-        tree.path().display()
-    ));
-    let commit = git_repo(&g.mirror_dir, "sglang", &[tree.path()]).remove(0);
-    build_backends(&g.mirror_dir);
-    host(&format!(
-        "mkdir -p {0}/opt/wheels && cp {1}/wheels/*.whl {0}/opt/wheels/",
-        g.ct.rootfs().display(),
-        g.mirror_dir.display()
-    ));
+    let (g, shared, commit) = guestlab::standin_guest(name);
     Lab {
         gpus: std::cell::Cell::new(false),
         hub: std::cell::RefCell::new(None),

@@ -359,7 +359,8 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     assert_eq!(r.code, 1);
     assert!(
         r.stderr
-            .contains("is a plan in format 1; this provision reads format 3"),
+            .contains("is a plan in format 1; this provision reads format 3")
+            && r.stderr.contains("make the plan again with this provision"),
         "{}",
         r.stderr
     );
@@ -516,6 +517,18 @@ fn a_role_cannot_set_where_a_service_is_declared() {
         err.contains("roles/sglang.yaml:3:")
             && err
                 .contains("field `declared`: where a service is declared is recorded by provision"),
+        "{err}"
+    );
+}
+
+/// What is no longer declared comes from the guest's record: a role cannot plan a removal.
+#[test]
+fn a_role_cannot_write_a_removal() {
+    let err = refused_role(
+        "description: Own.\nresources:\n  - kind: removed\n    entry: { kind: file, path: /etc/passwd, sha256: x }\n",
+    );
+    assert!(
+        err.contains("roles/sglang.yaml:3:") && err.contains("a role cannot write it"),
         "{err}"
     );
 }

@@ -236,6 +236,36 @@ impl Guest {
     }
 }
 
+/// A container with `/shared` holding a Qwen3.5-shaped model folder, and a mirror with the
+/// SGLang stand-in (tests/support/sglang-standin) as a git repository (its project under
+/// `python/`, as SGLang's is) and the container's wheelhouse `/opt/wheels` with the build
+/// backends: the container, the shared folder (kept while the test runs) and the commit.
+pub fn standin_guest(name: &str) -> (Guest, tempfile::TempDir, String) {
+    let shared = tempfile::tempdir().unwrap();
+    let model = shared.path().join("models/Qwen3.5-122B-A10B");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}"#,
+    )
+    .unwrap();
+    let g = Guest::with_shared(name, shared.path());
+    let tree = tempfile::tempdir().unwrap();
+    let standin = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/sglang-standin");
+    host(&format!(
+        "mkdir -p {0}/python && cp -a {standin}/pyproject.toml {standin}/src {0}/python/",
+        tree.path().display()
+    ));
+    let commit = git_repo(&g.mirror_dir, "sglang", &[tree.path()]).remove(0);
+    build_backends(&g.mirror_dir);
+    host(&format!(
+        "mkdir -p {0}/opt/wheels && cp {1}/wheels/*.whl {0}/opt/wheels/",
+        g.ct.rootfs().display(),
+        g.mirror_dir.display()
+    ));
+    (g, shared, commit)
+}
+
 /// A Debian package built here with dpkg-deb.
 pub struct Deb<'a> {
     /// Package name.

@@ -106,7 +106,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -118,7 +118,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -138,7 +138,9 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     .unwrap();
     assert_eq!(t.starts.load(Ordering::SeqCst), 1);
     assert!(t.calls.load(Ordering::SeqCst) >= 3);
-    assert_eq!(outcomes[0].steps.len(), 3);
+    // The three writes, between the two writes of the record of what provision manages.
+    assert_eq!(outcomes[0].steps.len(), 5);
+    assert!(agent_dir.join("managed.json").is_file());
     let conf = root.join("etc/app/app.conf");
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "listen = 8080\n");
     assert!(!Path::new("pwned").exists() && !root.join("etc/app/pwned").exists());
@@ -149,7 +151,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -159,7 +161,7 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -187,6 +189,61 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 }
 
 #[test]
+fn a_file_no_longer_declared_is_removed_unless_it_changed_since() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent_dir = tmp.path().join("agent");
+    let root = tmp.path().join("root");
+    let t = Arc::new(Counting::default());
+    let all = desired(&root, "listen = 8080\n");
+    let run = |want: &[DesiredTarget]| {
+        let p = plan("inv.yaml", want, false, false, &Limits::default(), &|_| {
+            Ok(reader(&t, &agent_dir))
+        })
+        .whole()
+        .unwrap();
+        if p.summary.has_changes() {
+            apply(
+                &p,
+                Default::default(),
+                &Limits::default(),
+                &|_| Ok(writer(&t, &agent_dir)),
+                &|_, _| {},
+            )
+            .unwrap();
+        }
+        p
+    };
+    run(&all);
+    let (conf, hostile) = (
+        root.join("etc/app/app.conf"),
+        root.join("etc/app/it's $(touch pwned); `id`.txt"),
+    );
+    // app.conf no longer declared: a `-` change, and gone after apply.
+    let mut fewer = all.clone();
+    fewer[0].resources.remove(1);
+    let p = run(&fewer);
+    let c = &p.targets[0].changes;
+    assert_eq!(c.len(), 1, "{c:#?}");
+    assert_eq!(c[0].action, Action::Delete);
+    assert_eq!(c[0].name, conf.display().to_string());
+    assert!(!conf.exists(), "the file no longer declared is still there");
+    assert!(hostile.exists());
+    assert!(!run(&fewer).summary.has_changes());
+    // A file changed by hand since provision wrote it is kept, and said so.
+    let mut none = fewer.clone();
+    none[0].resources.remove(1);
+    std::fs::write(&hostile, "mine now\n").unwrap();
+    let p = run(&none);
+    assert!(!p.summary.has_changes(), "{p:#?}");
+    assert!(
+        p.targets[0].warnings[0].contains("changed since provision wrote it: kept"),
+        "{:?}",
+        p.targets[0].warnings
+    );
+    assert_eq!(std::fs::read_to_string(&hostile).unwrap(), "mine now\n");
+}
+
+#[test]
 fn a_failing_step_stops_the_run_and_says_why() {
     let tmp = tempfile::tempdir().unwrap();
     let t = Arc::new(Counting::default());
@@ -196,7 +253,7 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, false, &Limits::default(), &|_| {
+    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
         Ok(reader(&t, &agent_dir))
     })
     .whole()
@@ -288,11 +345,18 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
         let bin = bin.clone();
         let t = t.clone();
         let dir = agent_dir.clone();
-        plan("inv.yaml", &want, false, &Limits::default(), &move |_| {
-            Ok(Box::new(
-                AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
-            ))
-        })
+        plan(
+            "inv.yaml",
+            &want,
+            false,
+            false,
+            &Limits::default(),
+            &move |_| {
+                Ok(Box::new(
+                    AgentReader::new(t.clone(), bin.clone()).with_dir(dir.to_str().unwrap()),
+                ))
+            },
+        )
         .whole()
         .unwrap()
     };

@@ -12,7 +12,7 @@ pub mod sglang_rules;
 pub mod systemd;
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::health::Readiness;
 use crate::health::process::value_digest;
 use crate::inventory::Pos;
@@ -339,7 +339,22 @@ impl Resource for ServiceSpec {
                 r.stall_timeout_ms / 1000
             ));
         }
-        Ok((!d.attributes.is_empty()).then_some(d))
+        if d.attributes.is_empty() {
+            return Ok(None);
+        }
+        // Only `enabled` differing needs no restart; anything else does (a start when
+        // stopped, a restart when the loaded unit or what runs differs). A server that runs
+        // as declared and is only not ready yet is waited for first.
+        let restart = d.attributes.iter().any(|a| a.name != "enabled");
+        let wait_first = restart
+            && d.attributes
+                .iter()
+                .all(|a| a.name == "enabled" || a.name == READINESS);
+        d.typed = Some(Typed::Service {
+            restart,
+            wait_first,
+        });
+        Ok(Some(d))
     }
 
     fn warnings(&self, facts: &Facts) -> Vec<String> {
@@ -368,21 +383,26 @@ impl Resource for ServiceSpec {
     }
 
     fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
-        // Only `enabled` differing needs no restart; anything else does (a start when
-        // stopped, a restart when a dependency or the loaded unit changed). A server that
-        // runs as declared and is only not ready yet is waited for first.
-        let restart = change.attributes.iter().any(|a| a.name != "enabled");
-        let wait_first = restart
-            && change
-                .attributes
-                .iter()
-                .all(|a| a.name == "enabled" || a.name == READINESS);
+        let (restart, wait_first) = restart_of(change);
         Ok(vec![Step::DeployService(Box::new(Deploy {
             service: self.clone(),
             restart,
             wait_first,
             rollback: true,
         }))])
+    }
+}
+
+/// Whether a service's change (re)starts it, and whether it is waited for first, as its
+/// diff decided (a dependency's change restarts it). A change that says nothing (a plan
+/// whose service change was not made by a diff) restarts it, preflight first.
+pub fn restart_of(change: &Change) -> (bool, bool) {
+    match &change.typed {
+        Some(Typed::Service {
+            restart,
+            wait_first,
+        }) => (*restart, *wait_first),
+        _ => (true, false),
     }
 }
 

@@ -107,6 +107,13 @@ pub enum Probe {
         /// The keyring file.
         path: String,
     },
+    /// The guest's record of what provision manages on it.
+    Managed {},
+    /// The bytes of the files under a folder (a model no longer declared).
+    FolderSize {
+        /// The folder.
+        path: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -141,6 +148,10 @@ pub enum Fact {
     GpuUserspace(Option<UserspaceFact>),
     /// Answer to [`Probe::AptKey`] (empty: a file holding no readable key).
     AptKey(Option<Vec<String>>),
+    /// Answer to [`Probe::Managed`] (`None`: no record written yet).
+    Managed(Option<super::managed::Record>),
+    /// Answer to [`Probe::FolderSize`].
+    FolderSize(Option<u64>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -249,6 +260,14 @@ impl Facts {
         /// An APT keyring's key fingerprints.
         apt_key, AptKey, Vec<String>
     );
+    accessor!(
+        /// The guest's record of what provision manages.
+        managed, Managed, super::managed::Record
+    );
+    accessor!(
+        /// The bytes under a folder.
+        folder_size, FolderSize, u64
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -292,6 +311,10 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
         Probe::GpuUserspace {} => Fact::GpuUserspace(gpu_userspace::read()),
         Probe::AptKey { path } => Fact::AptKey(apt_source::read_keyring(Path::new(path))?),
+        Probe::Managed {} => Fact::Managed(super::managed::read()?),
+        Probe::FolderSize { path } => {
+            Fact::FolderSize(super::managed::folder_size(Path::new(path))?)
+        }
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -470,6 +493,10 @@ pub enum Step {
         /// The checkout's folder.
         path: String,
     },
+    /// Write the guest's record of what provision manages, atomically.
+    Record(super::managed::Record),
+    /// Remove something provision made that is no longer declared.
+    Remove(super::managed::Removal),
 }
 
 impl Step {
@@ -520,6 +547,16 @@ impl Step {
             Step::InstallUserspace { version, url, .. } => {
                 format!("install NVIDIA userspace {version} without the kernel module ({url})")
             }
+            Step::Record(r) => format!(
+                "record {} managed thing(s) in the agent's {}",
+                r.entries.len(),
+                super::managed::RECORD_FILE
+            ),
+            Step::Remove(r) => match &r.entry {
+                super::managed::Entry::Service { unit } => format!("stop and disable {unit}"),
+                super::managed::Entry::File { path, .. } => format!("remove {path}"),
+                super::managed::Entry::Model { path, .. } => format!("delete model folder {path}"),
+            },
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -548,6 +585,8 @@ impl Step {
             }
             Step::ModelPull(m) => return m.run().map(|r| serde_json::to_value(r).ok()),
             Step::ImportCheck(c) => return super::import_check::run(c).map(|()| None),
+            Step::Record(r) => return super::managed::write(r).map(|()| None),
+            Step::Remove(r) => return super::managed::remove(r).map(|()| None),
             Step::WriteFile {
                 path,
                 content,

@@ -1,0 +1,398 @@
+//! What is no longer declared, on a real lab container: the guest's record of what
+//! provision manages (`/var/lib/provision/managed.json`), read by `plan` and turned into `-`
+//! changes. A service renamed on the same port (`sglang-a` → `sglang-b`, the SGLang
+//! stand-in from tests/support/sglang-standin, NOT SGLang): the old one is stopped, disabled
+//! and its unit removed before the new one's preflight looks at the port, and a reboot of
+//! the container brings up exactly the new one. A model folder no longer declared (fake hub):
+//! named with its size and kept, deleted only with `--prune-models`.
+
+use crate::{guestlab, hub_support};
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use fakehub::{Config, FakeHub, FileSpec, RepoSpec};
+use guestlab::Guest;
+
+/// A container with `/shared` holding a Qwen3.5-shaped model folder, and the stand-in
+/// served from the mirror as a git repository with the build backends beside it.
+struct Lab {
+    g: Guest,
+    _shared: tempfile::TempDir,
+    commit: String,
+}
+
+fn lab(name: &str) -> Lab {
+    let (g, shared, commit) = guestlab::standin_guest(name);
+    Lab {
+        g,
+        _shared: shared,
+        commit,
+    }
+}
+
+impl Lab {
+    /// The inventory with one service, `service`, on port 30000.
+    fn inventory(&self, service: &str) {
+        self.inventory_with(
+            "",
+            "          qwen3.5-122b:
+            repo: Qwen/Qwen3.5-122B-A10B
+            path: /shared/models/Qwen3.5-122B-A10B
+",
+            &format!(
+                "          {service}:
+            model: qwen3.5-122b
+            served_model_name: qwen3.5-122b
+            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            attention_backend: triton
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
+"
+            ),
+        );
+    }
+
+    /// The container with the ml-env and sglang roles (and `roles`), `models` and
+    /// `services` (each indented by 10).
+    fn inventory_with(&self, roles: &str, models: &str, services: &str) {
+        self.g.inventory(&format!(
+            "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [{roles}ml-env, sglang]
+        ml_env:
+          path: /root/ml-env
+          python: \"3.11\"
+          runtime_packages: []
+          index: {{ wheelhouse: /opt/wheels }}
+          sglang:
+            repo: {mirror}/git/sglang.git
+            revision: {commit}
+            path: /root/sglang-main
+        models:
+{models}        services:
+{services}",
+            mirror = self.g.mirror_url,
+            commit = self.commit,
+        ));
+    }
+
+    /// The `sglang-*` units systemd has loaded, active or not: `NAME ACTIVE` lines.
+    fn units(&self) -> String {
+        self.g
+            .sh("systemctl list-units --all --plain --no-legend 'sglang-*' | awk '{print $1, $3}'")
+    }
+
+    /// The `sglang-*` units enabled at boot.
+    fn enabled(&self) -> String {
+        self.g.sh(
+            "systemctl list-unit-files --plain --no-legend 'sglang-*' | awk '$2 == \"enabled\" {print $1}'",
+        )
+    }
+
+    fn serving(&self) -> bool {
+        self.serves("qwen3.5-122b")
+    }
+
+    /// Whether the server on port 30000 is ready and lists `name`.
+    fn serves(&self, name: &str) -> bool {
+        self.g
+            .ct
+            // Ready as the health gate means it: /health answers 200 (after warmup) and
+            // /v1/models lists the name.
+            .ssh("python3 -c \"import urllib.request as u;u.urlopen('http://127.0.0.1:30000/health');print(u.urlopen('http://127.0.0.1:30000/v1/models').read().decode())\"")
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("\"{name}\"")))
+            .unwrap_or(false)
+    }
+
+    /// Reboots the container through the lab's Proxmox API (shutdown, then start: a new
+    /// systemd boot) and waits until the server answers again, or panics at `deadline`.
+    fn reboot_until_serving(&self, deadline: Duration) {
+        let api = self.g.lab.api().unwrap();
+        let node = self.g.ct.node.clone();
+        let upid = api
+            .call(
+                "POST",
+                &format!("/nodes/{node}/lxc/{}/status/reboot", self.g.ct.vmid),
+                &[],
+            )
+            .unwrap();
+        let exit = api
+            .wait_task(&node, upid.as_str().unwrap_or(""), Duration::from_secs(120))
+            .unwrap();
+        assert_eq!(exit, "OK", "the reboot task failed");
+        self.g.ct.wait_ssh(Duration::from_secs(60)).unwrap();
+        let end = Instant::now() + deadline;
+        while !self.serving() {
+            assert!(
+                Instant::now() < end,
+                "nothing serves on port 30000 {deadline:?} after the reboot; units:\n{}",
+                self.units()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+#[test]
+fn a_renamed_service_frees_its_port_first_and_a_reboot_brings_up_only_the_new_one() {
+    let l = lab("rm-rename");
+    l.inventory("sglang-a");
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serving());
+    let record = l.g.sh("cat /var/lib/provision/managed.json");
+    assert!(record.contains("sglang-a.service"), "{record}");
+
+    // Renamed on the same port: the old service is planned out, first, and check calls it
+    // drift while it still runs.
+    l.inventory("sglang-b");
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    let gone = plan
+        .find("- service sglang-a.service")
+        .unwrap_or_else(|| panic!("sglang-a is not planned out:\n{plan}"));
+    let unit_gone = plan
+        .find("- file /etc/systemd/system/sglang-a.service")
+        .unwrap_or_else(|| panic!("sglang-a's unit file is not planned out:\n{plan}"));
+    let new = plan
+        .find("+ service sglang-b.service")
+        .unwrap_or_else(|| panic!("sglang-b is not planned:\n{plan}"));
+    assert!(gone < unit_gone && unit_gone < new, "{plan}");
+    let (drift, _) = l.g.expect(&["check"], 2);
+    assert!(drift.contains("- service sglang-a.service"), "{drift}");
+
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    let stop = err
+        .find("stop and disable sglang-a.service")
+        .unwrap_or_else(|| panic!("no stop of sglang-a:\n{err}"));
+    let preflight = err
+        .find("preflight sglang-b.service")
+        .unwrap_or_else(|| panic!("no preflight of sglang-b:\n{err}"));
+    assert!(stop < preflight, "{err}");
+    assert!(l.serving());
+    assert_eq!(l.units(), "sglang-b.service active\n");
+    assert_eq!(l.enabled(), "sglang-b.service\n");
+    assert_eq!(
+        l.g.sh("ls /etc/systemd/system/ | grep '^sglang-' || true"),
+        "sglang-b.service\n"
+    );
+    let record = l.g.sh("cat /var/lib/provision/managed.json");
+    assert!(!record.contains("sglang-a"), "{record}");
+    l.g.expect(&["check"], 0);
+
+    // After a reboot exactly what is declared comes up.
+    l.reboot_until_serving(Duration::from_secs(90));
+    assert_eq!(l.units(), "sglang-b.service active\n");
+    l.g.expect(&["check"], 0);
+}
+
+/// The bytes of the files under `dir`, as this machine sees them.
+fn file_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| match e.file_type().unwrap().is_dir() {
+            true => file_bytes(&e.path()),
+            false => e.metadata().unwrap().len(),
+        })
+        .sum()
+}
+
+/// A fake hub with two models, on the lab bridge's address.
+fn two_model_hub(g: &Guest) -> FakeHub {
+    FakeHub::start(Config {
+        listen: SocketAddr::new(g.bridge_ip(), 0),
+        repos: vec![hub_support::model("org/one"), hub_support::model("org/two")],
+        token: Some(hub_support::TOKEN.to_string()),
+        page_size: 3,
+        hash_cache: None,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge")
+}
+
+fn models_inventory(g: &Guest, hub: &FakeHub, names: &[&str]) {
+    let mut models = String::new();
+    for n in names {
+        models += &format!(
+            "          {n}:
+            repo: org/{n}
+            revision: main
+            path: /shared/models/{n}
+            endpoint: {endpoint}
+",
+            endpoint = hub.endpoint()
+        );
+    }
+    g.inventory(&format!(
+        "        mounts: [{{ host: /unused, path: /shared }}]
+        roles: [model-store]
+        models:
+{models}"
+    ));
+}
+
+#[test]
+fn a_model_no_longer_declared_is_named_and_kept_until_pruned() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with_shared("rm-model", shared.path());
+    let hub = two_model_hub(&g);
+    models_inventory(&g, &hub, &["one", "two"]);
+    g.expect(&["apply", "--yes"], 0);
+    let two = shared.path().join("models/two");
+    hub_support::assert_identical(&hub_support::model("org/two"), &two);
+
+    // Dropped from the inventory: named with its size, kept, and not drift.
+    models_inventory(&g, &hub, &["one"]);
+    let kept = format!(
+        "model /shared/models/two is no longer declared: kept; `--prune-models` deletes {}",
+        provision::hub::error::size(file_bytes(&two))
+    );
+    let kept = kept.as_str();
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(plan.contains(kept), "{plan}");
+    assert!(plan.contains("No changes"), "{plan}");
+    let (clean, _) = g.expect(&["check"], 0);
+    assert!(clean.contains(kept), "{clean}");
+    g.expect(&["apply", "--yes"], 0);
+    hub_support::assert_identical(&hub_support::model("org/two"), &two);
+    // Still named on the next plan: the record keeps it.
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(plan.contains(kept), "{plan}");
+
+    // With the flag: a `-` change, and apply deletes it; the declared one is untouched.
+    let (plan, _) = g.expect(&["plan", "--prune-models"], 0);
+    assert!(plan.contains("- model /shared/models/two"), "{plan}");
+    g.expect(&["apply", "--yes", "--prune-models"], 0);
+    assert!(!two.exists(), "the pruned model folder is still there");
+    hub_support::assert_identical(
+        &hub_support::model("org/one"),
+        &shared.path().join("models/one"),
+    );
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(!plan.contains("models/two"), "{plan}");
+    g.expect(&["check"], 0);
+}
+
+/// A hub model whose `config.json` names `arch` (the preflight's release rules read it).
+fn seed_model(id: &str, arch: &str) -> RepoSpec {
+    let mut r = RepoSpec::synthetic(id, 2, 1 << 20);
+    r.files.retain(|f| f.path != "config.json");
+    r.files.push(FileSpec::text(
+        "config.json",
+        &format!("{{\"architectures\": [\"{arch}\"], \"model_type\": \"qwen3_5_moe\"}}\n"),
+    ));
+    r
+}
+
+/// The seeds' switch, scaled to the lab as examples/lab.yaml scales llm-two: first
+/// examples/qwen3.5-397b-nvfp4.yaml's service (the NVFP4 model, FP8 KV cache,
+/// `--quantization modelopt_fp4`), then inventory/llm-two.yaml's (the 122B BF16 model with
+/// MTP and the two settings it needs), the same unit `sglang-qwen.service` written anew on the
+/// same port. After the switch the new model serves, the old folder is named and kept, check
+/// is clean, and a reboot brings up exactly the new service.
+#[test]
+fn the_seeds_switch_serves_the_new_model_and_a_reboot_keeps_it() {
+    let l = lab("rm-seeds");
+    let arch = "Qwen3_5MoeForConditionalGeneration";
+    let hub = FakeHub::start(Config {
+        listen: SocketAddr::new(l.g.bridge_ip(), 0),
+        repos: vec![
+            seed_model("nvidia/Qwen3.5-397B-A17B-NVFP4", arch),
+            seed_model("Qwen/Qwen3.5-122B-A10B", arch),
+        ],
+        token: Some(hub_support::TOKEN.to_string()),
+        page_size: 3,
+        hash_cache: None,
+        ..Config::default()
+    })
+    .expect("the fake hub listens on the lab bridge");
+    let model = |key: &str, repo: &str, folder: &str| {
+        format!(
+            "          {key}:
+            repo: {repo}
+            revision: main
+            path: /shared/models/{folder}
+            endpoint: {endpoint}
+",
+            endpoint = hub.endpoint()
+        )
+    };
+    let common = "            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            trust_remote_code: true
+            attention_backend: triton
+            reasoning_parser: qwen3
+            tool_call_parser: qwen3_coder
+";
+    let readiness =
+        "            readiness: { deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }\n";
+    // Before: examples/qwen3.5-397b-nvfp4.yaml.
+    l.inventory_with(
+        "model-store, ",
+        &model(
+            "qwen3.5-397b-nvfp4",
+            "nvidia/Qwen3.5-397B-A17B-NVFP4",
+            "Qwen3.5-397B-A17B-NVFP4",
+        ),
+        &format!(
+            "          sglang-qwen:
+            model: qwen3.5-397b-nvfp4
+            served_model_name: qwen3.5-397b
+{common}            kv_cache_dtype: fp8_e4m3
+            extra_args: [--quantization, modelopt_fp4]
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+{readiness}"
+        ),
+    );
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serves("qwen3.5-397b"));
+
+    // After: inventory/llm-two.yaml.
+    l.inventory_with(
+        "model-store, ",
+        &model(
+            "qwen3.5-122b",
+            "Qwen/Qwen3.5-122B-A10B",
+            "Qwen3.5-122B-A10B",
+        ),
+        &format!(
+            "          sglang-qwen:
+            model: qwen3.5-122b
+            served_model_name: qwen3.5-122b
+{common}            kv_cache_dtype: bf16
+            speculative: {{ algorithm: NEXTN, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4 }}
+            mamba_scheduler_strategy: extra_buffer
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+              SGLANG_ENABLE_SPEC_V2: \"1\"
+{readiness}"
+        ),
+    );
+    let kept = "model /shared/models/Qwen3.5-397B-A17B-NVFP4 is no longer declared: kept";
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    assert!(plan.contains(kept), "{plan}");
+    // (lab() left a config.json there: the folder is adopted, not created.)
+    assert!(
+        plan.contains("~ model /shared/models/Qwen3.5-122B-A10B"),
+        "{plan}"
+    );
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serves("qwen3.5-122b"));
+    assert!(!l.serves("qwen3.5-397b"));
+    assert_eq!(l.units(), "sglang-qwen.service active\n");
+    let (clean, _) = l.g.expect(&["check"], 0);
+    assert!(clean.contains(kept), "{clean}");
+    assert!(
+        l.g.sh("test -d /shared/models/Qwen3.5-397B-A17B-NVFP4 && echo kept") == "kept\n",
+        "the old model folder was deleted by omission"
+    );
+
+    l.reboot_until_serving(Duration::from_secs(90));
+    assert_eq!(l.units(), "sglang-qwen.service active\n");
+    assert!(l.serves("qwen3.5-122b"));
+    l.g.expect(&["check"], 0);
+}
