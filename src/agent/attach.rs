@@ -74,6 +74,10 @@ pub fn limit(step: &Step) -> Limit {
         Step::InstallUserspace { .. } => Limit::Total(min(30)),
         // Importing torch and SGLang from a cold disk takes a minute or two.
         Step::ImportCheck(_) => Limit::Total(min(15)),
+        // Renames, and the removal of a pruned generation's folders.
+        Step::SwitchGeneration { .. } => Limit::Total(min(30)),
+        // Health gates, as a deploy's.
+        Step::RollbackGeneration { .. } => Limit::Quiet(min(10)),
     }
 }
 

@@ -87,7 +87,11 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             reboot: true,
         }));
     }
-    ops.extend(steps.into_iter().map(Op::Guest));
+    ops.extend(
+        crate::generations::switch_last(steps)
+            .into_iter()
+            .map(Op::Guest),
+    );
     ops
 }
 

@@ -8,6 +8,7 @@ pub mod container;
 pub mod cuda;
 pub mod directory;
 pub mod file;
+pub mod generation;
 pub mod git_checkout;
 pub mod gpu_userspace;
 pub mod import_check;
@@ -69,6 +70,8 @@ pub enum ResourceSpec {
     GpuUserspace(gpu_userspace::GpuUserspaceSpec),
     /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
     ImportCheck(import_check::ImportCheckSpec),
+    /// An ml-env's stable paths pointing at its declared generation, built beside.
+    Generation(generation::GenerationSpec),
 }
 
 /// How a resource differs from what was read.
@@ -176,6 +179,7 @@ impl ResourceSpec {
             ResourceSpec::NvidiaHost(r) => r,
             ResourceSpec::GpuUserspace(r) => r,
             ResourceSpec::ImportCheck(r) => r,
+            ResourceSpec::Generation(r) => r,
         }
     }
 

@@ -107,6 +107,12 @@ pub enum Probe {
         /// The keyring file.
         path: String,
     },
+    /// What an ml-env's stable paths are (symlinks to a generation, real folders) and the
+    /// generations record's word on them.
+    Generation {
+        /// The stable paths.
+        stables: Vec<String>,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -141,6 +147,8 @@ pub enum Fact {
     GpuUserspace(Option<UserspaceFact>),
     /// Answer to [`Probe::AptKey`] (empty: a file holding no readable key).
     AptKey(Option<Vec<String>>),
+    /// Answer to [`Probe::Generation`] (always `Some` when read).
+    Generation(Option<super::generation::GenerationFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -249,6 +257,10 @@ impl Facts {
         /// An APT keyring's key fingerprints.
         apt_key, AptKey, Vec<String>
     );
+    accessor!(
+        /// An ml-env's stable paths and their generation.
+        generation, Generation, super::generation::GenerationFact
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -292,6 +304,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
         Probe::NvidiaHost { root } => Fact::NvidiaHost(nvidia_host::read(root)?),
         Probe::GpuUserspace {} => Fact::GpuUserspace(gpu_userspace::read()),
         Probe::AptKey { path } => Fact::AptKey(apt_source::read_keyring(Path::new(path))?),
+        Probe::Generation { stables } => Fact::Generation(Some(super::generation::read(stables)?)),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -470,6 +483,18 @@ pub enum Step {
         /// The checkout's folder.
         path: String,
     },
+    /// Point an ml-env's stable paths at a built generation (one rename each), adopting a
+    /// real folder found there; record it and prune old generations.
+    SwitchGeneration {
+        /// Stable path -> the generation's folder.
+        links: BTreeMap<String, String>,
+    },
+    /// `provision rollback`: the services of an ml-env back on the previous generation
+    /// that passed its gate, gated again.
+    RollbackGeneration {
+        /// The services, as the inventory declares them (their health gates).
+        services: Vec<super::service::ServiceSpec>,
+    },
 }
 
 impl Step {
@@ -516,6 +541,23 @@ impl Step {
             Step::InstallUserspace { version, url, .. } => {
                 format!("install NVIDIA userspace {version} without the kernel module ({url})")
             }
+            Step::SwitchGeneration { links } => format!(
+                "switch {} to generation {}",
+                links.keys().cloned().collect::<Vec<_>>().join(", "),
+                links
+                    .values()
+                    .map(|d| crate::generations::short(d))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            Step::RollbackGeneration { services } => format!(
+                "roll {} back to the previous generation and wait until ready",
+                services
+                    .iter()
+                    .map(|s| s.unit.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -535,6 +577,12 @@ impl Step {
             Step::DeployService(d) => {
                 return Ok(
                     serde_json::to_value(crate::resources::service::deploy::deploy(d)?).ok(),
+                );
+            }
+            Step::RollbackGeneration { services } => {
+                return Ok(
+                    serde_json::to_value(crate::resources::service::deploy::rollback(services)?)
+                        .ok(),
                 );
             }
             Step::Preflight(s) => {
@@ -604,6 +652,7 @@ impl Step {
                 revision,
                 path,
             } => git_checkout::checkout(repo, revision, path),
+            Step::SwitchGeneration { links } => super::generation::switch(links),
         };
         done.map(|()| None).map_err(StepError::from)
     }

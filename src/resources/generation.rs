@@ -1,0 +1,134 @@
+//! The current generation of an ml-env: its stable paths (`/root/ml-env`,
+//! `/root/sglang-main`) as symlinks to the declared generation's folders, built beside
+//! (`crate::generations`). The switch is one rename per link, run right before the first
+//! service deploy of the apply (after every build step and the preflight), so a failed
+//! build or preflight leaves what runs untouched.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::wire::{Facts, NotRead, Probe, Step};
+use super::{Delta, Resource, StepsError};
+use crate::generations::record::Gate;
+use crate::generations::target::LinkState;
+use crate::plan::{Action, Attribute, Change};
+
+/// The declared generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationSpec {
+    /// The venv's stable path (`/root/ml-env`): the resource's name.
+    pub venv: String,
+    /// Stable path -> the declared generation's folder for it.
+    pub links: BTreeMap<String, String>,
+}
+
+/// What the stable paths are, and the record's word on the generation they point at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationFact {
+    /// Stable path -> what is there.
+    pub states: BTreeMap<String, LinkState>,
+    /// The gate of the newest recorded generation with exactly these links, and its note.
+    pub gate: Option<(Gate, Option<String>)>,
+    /// The whole record (kept small by pruning): what `provision history` shows.
+    #[serde(default)]
+    pub record: crate::generations::record::Record,
+}
+
+/// Reads what `stables` are on this machine.
+pub fn read(stables: &[String]) -> Result<GenerationFact, crate::host::HostError> {
+    let states: BTreeMap<String, LinkState> = stables
+        .iter()
+        .map(|s| (s.clone(), crate::generations::target::state(s)))
+        .collect();
+    let links: BTreeMap<String, String> = states
+        .iter()
+        .filter_map(|(s, st)| match st {
+            LinkState::Link(t) => Some((s.clone(), t.clone())),
+            _ => None,
+        })
+        .collect();
+    let record = crate::generations::target::load()?;
+    let gate = record.current(&links).map(|g| (g.gate, g.note.clone()));
+    Ok(GenerationFact {
+        states,
+        gate,
+        record,
+    })
+}
+
+impl GenerationSpec {
+    fn probe(&self) -> Probe {
+        Probe::Generation {
+            stables: self.links.keys().cloned().collect(),
+        }
+    }
+}
+
+impl Resource for GenerationSpec {
+    fn kind(&self) -> &'static str {
+        "generation"
+    }
+
+    fn name(&self) -> String {
+        self.venv.clone()
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        vec![self.probe()]
+    }
+
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        let fact = facts.generation(&self.probe())?;
+        let mut delta = Delta::new(Action::Update);
+        let mut any = false;
+        for (stable, want) in &self.links {
+            let have = fact.and_then(|f| f.states.get(stable));
+            let shown = match have {
+                Some(LinkState::Link(t)) if t == want => continue,
+                Some(LinkState::Link(t)) => crate::generations::short(t).to_string(),
+                Some(LinkState::Folder) => {
+                    delta = delta.reason(format!(
+                        "{stable} is a real folder: it is kept as the adopted generation (moved beside, never rebuilt or deleted) and {stable} becomes a symlink"
+                    ));
+                    "a folder".into()
+                }
+                Some(LinkState::Other) => "a file".into(),
+                Some(LinkState::Missing) | None => "absent".into(),
+            };
+            any = true;
+            delta = delta.attr(Attribute::change(
+                stable,
+                Some(shown),
+                Some(crate::generations::short(want).to_string()),
+            ));
+        }
+        if !any {
+            return Ok(None);
+        }
+        if let Some((Gate::Failed | Gate::Passed, Some(note))) = fact.and_then(|f| f.gate.clone()) {
+            delta = delta.reason(format!("what runs: {note}"));
+        }
+        if fact.is_none_or(|f| f.states.values().all(|s| *s == LinkState::Missing)) {
+            delta.action = Action::Create;
+        }
+        Ok(Some(delta.reason(
+            "built beside what runs; switched to right before the service's restart",
+        )))
+    }
+
+    fn steps(&self, _change: &Change) -> Result<Vec<Step>, StepsError> {
+        Ok(vec![Step::SwitchGeneration {
+            links: self.links.clone(),
+        }])
+    }
+}
+
+/// Runs [`Step::SwitchGeneration`] on the target.
+pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::host::HostError> {
+    for note in crate::generations::target::switch(links, crate::agent::run::utc_now())? {
+        crate::progress::line(&note);
+    }
+    Ok(())
+}
