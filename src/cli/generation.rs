@@ -73,7 +73,6 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
         let fact = facts.generation(&probe)?.cloned().unwrap_or_else(|| {
             crate::resources::generation::GenerationFact {
                 states: Default::default(),
-                gate: None,
                 record: Default::default(),
             }
         });

@@ -219,6 +219,7 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
     };
     let preflight = ct.ml_env.as_ref().map(|env| Preflight {
         venv: crate::generations::paths(env).venv,
+        links: crate::generations::paths(env).links,
         model_path: model_path.clone(),
         tp: svc.tp.value,
         timeout_ms: PREFLIGHT_TIMEOUT_MS,

@@ -29,9 +29,7 @@ pub struct GenerationSpec {
 pub struct GenerationFact {
     /// Stable path -> what is there.
     pub states: BTreeMap<String, LinkState>,
-    /// The gate of the newest recorded generation with exactly these links, and its note.
-    pub gate: Option<(Gate, Option<String>)>,
-    /// The whole record (kept small by pruning): what `provision history` shows.
+    /// The generations record (kept small by pruning): what `provision history` shows.
     #[serde(default)]
     pub record: crate::generations::record::Record,
 }
@@ -42,20 +40,8 @@ pub fn read(stables: &[String]) -> Result<GenerationFact, crate::host::HostError
         .iter()
         .map(|s| (s.clone(), crate::generations::target::state(s)))
         .collect();
-    let links: BTreeMap<String, String> = states
-        .iter()
-        .filter_map(|(s, st)| match st {
-            LinkState::Link(t) => Some((s.clone(), t.clone())),
-            _ => None,
-        })
-        .collect();
     let record = crate::generations::target::load()?;
-    let gate = record.current(&links).map(|g| (g.gate, g.note.clone()));
-    Ok(GenerationFact {
-        states,
-        gate,
-        record,
-    })
+    Ok(GenerationFact { states, record })
 }
 
 impl GenerationSpec {
@@ -107,8 +93,17 @@ impl Resource for GenerationSpec {
         if !any {
             return Ok(None);
         }
-        if let Some((Gate::Failed | Gate::Passed, Some(note))) = fact.and_then(|f| f.gate.clone()) {
-            delta = delta.reason(format!("what runs: {note}"));
+        // The declared generation was switched to before and failed its gate: say so, so
+        // the drift reads as "not in place because it failed", not as a change not made.
+        if let Some(g) = fact.and_then(|f| f.record.current(&self.links))
+            && g.gate == Gate::Failed
+        {
+            delta = delta.reason(format!(
+                "the declared generation (generation {}, {}) is not in place: its health gate failed{}",
+                g.number,
+                g.at,
+                g.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default()
+            ));
         }
         if fact.is_none_or(|f| f.states.values().all(|s| *s == LinkState::Missing)) {
             delta.action = Action::Create;
