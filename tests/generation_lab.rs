@@ -260,10 +260,17 @@ fn a_real_ml_env_folder_is_adopted_never_rebuilt_or_lost() {
     let l = lab("gen-adopt");
     l.inventory(&l.good);
     l.g.expect(&["apply", "--yes"], 0);
-    // The seeds' box: /root/ml-env and /root/sglang-main real folders, what serves.
+    // The seeds' box: /root/ml-env and /root/sglang-main real folders, SGLang installed
+    // editable from /root/sglang-main, what serves.
     l.g.sh(
         "set -e; for p in /root/ml-env /root/sglang-main; do d=$(readlink $p); rm $p; cp -a $d $p; done; \
+         /root/ml-env/bin/python3 -m pip install -q --no-index --find-links /opt/wheels -e /root/sglang-main/python; \
          echo seeds > /root/ml-env/marker; systemctl restart sglang-qwen.service",
+    );
+    assert!(
+        l.g.sh("/root/ml-env/bin/python3 -c 'import sglang; print(sglang.__file__)'")
+            .starts_with("/root/sglang-main/"),
+        "the seeds' venv names the stable checkout"
     );
     assert!(l.wait_serving());
     let (plan, _) = l.g.expect(&["plan"], 0);
@@ -283,4 +290,54 @@ fn a_real_ml_env_folder_is_adopted_never_rebuilt_or_lost() {
     assert_eq!(l.venv_link(), adopted);
     assert!(l.serving());
     assert_eq!(l.g.sh("cat /root/ml-env/marker"), "seeds\n");
+}
+
+/// The seconds in `... ready after 1.6s` (the gate's verdict: the server's own start).
+fn ready_after(stderr: &str) -> f64 {
+    let at = stderr
+        .rfind("ready after ")
+        .unwrap_or_else(|| panic!("no verdict in:\n{stderr}"));
+    stderr[at + "ready after ".len()..]
+        .split('s')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no seconds in:\n{stderr}"))
+}
+
+/// `scripts/bench-generations`: an apply that switches between two generations already
+/// built (the inventory's SGLang revision changed back and forth), timed from apply's
+/// start to its exit (the server serving), against the server's own start (the gate's
+/// `ready after`); and the disk a kept generation takes.
+#[test]
+#[ignore = "a benchmark: scripts/bench-generations runs it"]
+fn bench_switch_between_two_built_generations() {
+    let l = lab("gen-bench");
+    l.inventory(&l.good);
+    l.g.expect(&["apply", "--yes"], 0);
+    l.inventory(&l.good2);
+    l.g.expect(&["apply", "--yes"], 0);
+    let reps: usize = std::env::var("REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    for i in 0..reps {
+        let rev = if i % 2 == 0 { &l.good } else { &l.good2 };
+        l.inventory(rev);
+        let start = Instant::now();
+        let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+        let total = start.elapsed().as_secs_f64();
+        assert!(!err.contains("pip install"), "rebuilt: {out}\n{err}");
+        assert!(l.serving());
+        let server = ready_after(&err);
+        println!(
+            "switch {i}: apply to serving {total:.2} s, server start {server:.2} s, provision {:.2} s",
+            total - server
+        );
+    }
+    for line in
+        l.g.sh("du -sk /root/.provision-generations/* | sort -k2")
+            .lines()
+    {
+        println!("disk: {line}");
+    }
 }

@@ -88,7 +88,7 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
         }));
     }
     ops.extend(
-        crate::generations::switch_last(steps)
+        crate::resources::generation::switch_last(steps)
             .into_iter()
             .map(Op::Guest),
     );

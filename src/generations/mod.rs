@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::inventory::software::MlEnv;
-use crate::resources::wire::Step;
 
 /// The record of generations on a target (its own file, beside the agent's other state).
 pub const RECORD: &str = "/var/lib/provision/generations.json";
@@ -75,21 +74,6 @@ pub fn paths(env: &MlEnv) -> GenerationPaths {
         checkout,
         links,
     }
-}
-
-/// `steps` with every generation switch moved to right before the first service deploy
-/// (or to the end): after every build, the import check, the model download and the
-/// preflight, so what fails there leaves what runs untouched.
-pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
-    let (switches, mut rest): (Vec<Step>, Vec<Step>) = steps
-        .into_iter()
-        .partition(|s| matches!(s, Step::SwitchGeneration { .. }));
-    let at = rest
-        .iter()
-        .position(|s| matches!(s, Step::DeployService(_)))
-        .unwrap_or(rest.len());
-    rest.splice(at..at, switches);
-    rest
 }
 
 /// `/root/ml-env` + `3f2a...` -> `/root/.provision-generations/ml-env-3f2a...`: beside the

@@ -120,6 +120,21 @@ impl Resource for GenerationSpec {
     }
 }
 
+/// `steps` with every generation switch moved to right before the first service deploy
+/// (or to the end): after every build, the import check, the model download and the
+/// preflight, so what fails there leaves what runs untouched.
+pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
+    let (switches, mut rest): (Vec<Step>, Vec<Step>) = steps
+        .into_iter()
+        .partition(|s| matches!(s, Step::SwitchGeneration { .. }));
+    let at = rest
+        .iter()
+        .position(|s| matches!(s, Step::DeployService(_)))
+        .unwrap_or(rest.len());
+    rest.splice(at..at, switches);
+    rest
+}
+
 /// Runs [`Step::SwitchGeneration`] on the target.
 pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::host::HostError> {
     for note in crate::generations::target::switch(links, crate::agent::run::utc_now())? {
