@@ -341,3 +341,88 @@ fn bench_switch_between_two_built_generations() {
         println!("disk: {line}");
     }
 }
+
+/// kill -9 of provision and of its detached run on the target (as a crash of both would)
+/// at points of an upgrade's switch: during the new generation's build, at the switch,
+/// inside the health gate. After each, the stable paths name one complete generation that
+/// starts by hand, and the next apply converges (gated) with check 0.
+#[test]
+fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
+    let l = lab("gen-kill");
+    let points = [
+        (
+            "pip install -e of the new generation",
+            "pip install -e /root/.provision-generations/",
+        ),
+        ("the switch", "switch /root/ml-env"),
+        (
+            "the health gate",
+            "deploy sglang-qwen.service and wait until it is ready",
+        ),
+    ];
+    let mut revs = [&l.good, &l.good2].into_iter().cycle();
+    l.inventory(revs.next().unwrap());
+    l.g.expect(&["apply", "--yes"], 0);
+    for (name, line) in points {
+        l.inventory(revs.next().unwrap());
+        let err_path = l.g.dir.path().join("kill.err");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
+            .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
+            .arg(l.g.dir.path().join("known_hosts"))
+            .arg(l.g.dir.path().join("inventory.yaml"))
+            .env("NO_COLOR", "1")
+            .env_remove("SSH_AUTH_SOCK")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let mut seen = false;
+        while start.elapsed() < Duration::from_secs(120) {
+            if std::fs::read_to_string(&err_path)
+                .unwrap_or_default()
+                .contains(line)
+            {
+                seen = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            seen,
+            "{name}: the apply never printed `{line}`:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; true");
+        // One complete generation: the stable paths are links to built folders, and it
+        // starts by hand.
+        let venv = l.venv_link();
+        assert!(
+            venv.starts_with("/root/.provision-generations/"),
+            "{name}: {venv}"
+        );
+        l.g.sh(&format!(
+            "test -x {venv}/bin/python3 && test -f {venv}/pyvenv.cfg"
+        ));
+        l.g.sh("systemctl reset-failed sglang-qwen.service; systemctl restart sglang-qwen.service");
+        assert!(
+            l.wait_serving(),
+            "{name}: what the stable paths name does not start"
+        );
+        // The next apply converges, and gates what it switched to.
+        l.g.expect(&["apply", "--yes"], 0);
+        l.g.expect(&["check"], 0);
+        assert!(l.serving(), "{name}");
+        let (history, _) = l.g.expect(&["history"], 0);
+        let current = history
+            .lines()
+            .find(|h| h.starts_with("  *"))
+            .unwrap_or_default();
+        assert!(current.contains("gate passed"), "{name}: {history}");
+    }
+}

@@ -91,6 +91,25 @@ impl Resource for GenerationSpec {
             ));
         }
         if !any {
+            // Switched to by an apply that was killed before its health gate: the service
+            // is restarted on it and gated (on a target whose generations are gated at all:
+            // an ml-env without a service never is).
+            let record = fact.map(|f| &f.record);
+            let pending = record
+                .and_then(|r| r.current(&self.links))
+                .is_some_and(|g| g.gate == Gate::Pending);
+            let gated = record.is_some_and(|r| r.generations.iter().any(|g| !g.units.is_empty()));
+            if pending && gated {
+                return Ok(Some(
+                    Delta::new(Action::Update)
+                        .attr(Attribute::change(
+                            "gate",
+                            Some("not gated".into()),
+                            Some("passed".into()),
+                        ))
+                        .reason("switched to by an apply that ended before its health gate: the service is restarted on it and gated"),
+                ));
+            }
             return Ok(None);
         }
         // The declared generation was switched to before and failed its gate: say so, so
