@@ -179,7 +179,9 @@ fn an_upgrade_that_dies_at_import_brings_the_whole_old_generation_back() {
         "the journal names the failure: {all}"
     );
     assert!(
-        all.contains("rolled back to generation 1") && all.contains("ready again after"),
+        all.contains(
+            "rolled back to the last unit that passed the health gate, on its generation 1"
+        ) && all.contains("ready again after"),
         "{all}"
     );
     assert_eq!(
@@ -235,7 +237,7 @@ fn a_passing_upgrade_keeps_the_old_generation_and_rollback_returns_to_it() {
     l.g.expect(&["check"], 0);
 
     let (out, err) = l.g.expect(&["rollback"], 0);
-    assert!(out.contains("rolled back to generation 1"), "{out}\n{err}");
+    assert!(out.contains("on its generation 1"), "{out}\n{err}");
     assert_eq!(l.venv_link(), first);
     assert!(l.serving());
     let (history, _) = l.g.expect(&["history"], 0);

@@ -427,7 +427,7 @@ fn restore_last_known_good(d: &Deploy) -> String {
             .and_then(|_| systemctl(&["daemon-reload"]));
         return match restored {
             Ok(()) => format!(
-                "generation {} (what runs: its venv, checkout and unit) is in place again",
+                "the last unit that passed the health gate is loaded again, on its generation {} (the venv and checkout the running process uses)",
                 g.number
             ),
             Err(e) => format!("restoring generation {} failed: {e}", g.number),
@@ -520,7 +520,7 @@ fn whole_rollback(
         .and_then(|_| systemctl(&["daemon-reload"]))
         .and_then(|_| restart_and_watch(service));
     let what = format!(
-        "generation {} (its venv, checkout and unit, and the model the unit names: {})",
+        "the last unit that passed the health gate, on its generation {} ({}: the venv and checkout it ran on; the model is the one that unit names)",
         g.number,
         g.links
             .values()
