@@ -10,6 +10,7 @@ pub mod agent;
 pub mod cli;
 pub mod diagnostic;
 pub mod engine;
+pub mod generations;
 pub mod gpu;
 pub mod health;
 pub mod host;

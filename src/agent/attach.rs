@@ -77,6 +77,10 @@ pub fn limit(step: &Step) -> Limit {
         Step::Record(_) => Limit::Total(min(5)),
         // A server's stop (systemd's own stop timeout), or a model folder's files deleted.
         Step::Remove(_) => Limit::Total(min(10)),
+        // Renames, and the removal of a pruned generation's folders.
+        Step::SwitchGeneration { .. } => Limit::Total(min(30)),
+        // Health gates, as a deploy's.
+        Step::RollbackGeneration { .. } => Limit::Quiet(min(10)),
     }
 }
 

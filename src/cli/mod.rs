@@ -5,6 +5,7 @@ pub mod agent;
 pub mod apply;
 pub mod assumed;
 pub mod check;
+pub mod generation;
 pub mod gpu;
 pub mod guest;
 pub mod model;
@@ -103,6 +104,10 @@ enum Command {
     Apply(apply::ApplyArgs),
     /// Read-only drift check for CI (exit 0 clean, 2 drift, 1 error).
     Check(check::CheckArgs),
+    /// List the generations of each guest's ml-env (when, what changed, gate result).
+    History(generation::GenerationArgs),
+    /// Go back to the previous generation that passed its health gate, gated like an apply.
+    Rollback(generation::GenerationArgs),
     /// Print the inventory's JSON Schema, for editors.
     Schema(schema::SchemaArgs),
     /// Download and verify models by hand (pre-seeding a store, audits).
@@ -144,6 +149,8 @@ pub fn main() -> ExitCode {
         Command::Apply(args) => apply::run(args, &printer),
         Command::Check(args) => check::run(args, &printer),
         Command::Schema(args) => schema::run(args, &printer),
+        Command::History(args) => generation::history(args, &printer),
+        Command::Rollback(args) => generation::rollback(args, &printer),
         Command::Model(args) => model::run(args, &printer),
         Command::Gpu(args) => gpu::run(args, &printer),
         Command::Agent(args) => agent::run(args, &printer),

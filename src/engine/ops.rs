@@ -122,7 +122,11 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
         steps.insert(0, Step::Record(first));
         steps.push(Step::Record(record.clone()));
     }
-    ops.extend(steps.into_iter().map(Op::Guest));
+    ops.extend(
+        crate::resources::generation::switch_last(steps)
+            .into_iter()
+            .map(Op::Guest),
+    );
     ops
 }
 

@@ -89,8 +89,13 @@ pub fn container_context(
     });
     let ml_env = ct.ml_env.as_ref().map(|env| {
         let index = env.index.as_ref();
+        // The venv and the checkout are built at their generation's folders; `bin` and
+        // `interpreter` are the stable paths a unit runs from.
+        let generation = crate::generations::paths(env);
         json!({
-            "path": env.path.to_string(),
+            "path": generation.venv,
+            "stable_path": env.path.to_string(),
+            "links": generation.links,
             "bin": env.bin().to_string(),
             "python": env.python.to_string(),
             "interpreter": env.bin().join("python3").to_string(),
@@ -109,8 +114,9 @@ pub fn container_context(
             "sglang": env.sglang.as_ref().map(|s| json!({
                 "repo": s.repo.to_string(),
                 "revision": s.revision.to_string(),
-                "path": s.path.to_string(),
-                "source": s.path.join(s.subdirectory.as_str()).to_string(),
+                "path": generation.checkout,
+                "stable_path": s.path.to_string(),
+                "source": format!("{}/{}", generation.checkout.as_deref().unwrap_or_default(), s.subdirectory),
                 "extras": s.extras.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
             })),
         })

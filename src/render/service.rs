@@ -218,7 +218,8 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
         poll_interval_ms: svc.readiness.poll_interval.millis(),
     };
     let preflight = ct.ml_env.as_ref().map(|env| Preflight {
-        venv: env.path.to_string(),
+        venv: crate::generations::paths(env).venv,
+        links: crate::generations::paths(env).links,
         model_path: model_path.clone(),
         tp: svc.tp.value,
         timeout_ms: PREFLIGHT_TIMEOUT_MS,
@@ -330,16 +331,17 @@ fn runs_on(unit_path: &str, svc: &Service, ct: &Container, model_path: &str) -> 
         deps.push(format!("model:{model_path}"));
     }
     if let Some(env) = &ct.ml_env {
-        deps.push(format!("venv:{}", env.path));
+        // Built at the generation's folders; what the unit runs switches with the
+        // generation (`generation:` the venv's stable path).
+        let g = crate::generations::paths(env);
+        deps.push(format!("venv:{}", g.venv));
+        deps.push(format!("generation:{}", env.path));
         if !env.packages.is_empty() {
-            deps.push(format!("pip_packages:{}", env.path));
+            deps.push(format!("pip_packages:{}", g.venv));
         }
-        if let Some(s) = &env.sglang {
-            deps.push(format!("git_checkout:{}", s.path));
-            deps.push(format!(
-                "pip_editable:{}",
-                s.path.join(s.subdirectory.as_str())
-            ));
+        if let (Some(s), Some(checkout)) = (&env.sglang, &g.checkout) {
+            deps.push(format!("git_checkout:{checkout}"));
+            deps.push(format!("pip_editable:{checkout}/{}", s.subdirectory));
         }
     }
     if let Some(c) = &ct.cuda {

@@ -8,6 +8,7 @@ pub mod container;
 pub mod cuda;
 pub mod directory;
 pub mod file;
+pub mod generation;
 pub mod git_checkout;
 pub mod gpu_userspace;
 pub mod import_check;
@@ -73,6 +74,8 @@ pub enum ResourceSpec {
     /// Something provision made on a guest that is no longer declared (from the guest's
     /// record): a `-` change while it is there.
     Removed(managed::Removal),
+    /// An ml-env's stable paths pointing at its declared generation, built beside.
+    Generation(generation::GenerationSpec),
 }
 
 /// How a resource differs from what was read.
@@ -206,6 +209,7 @@ impl ResourceSpec {
             ResourceSpec::GpuUserspace(r) => r,
             ResourceSpec::ImportCheck(r) => r,
             ResourceSpec::Removed(r) => r,
+            ResourceSpec::Generation(r) => r,
         }
     }
 

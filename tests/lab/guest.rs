@@ -105,7 +105,10 @@ fn bare_to_converged_then_drift_found_and_fixed() {
         plan.contains("~ apt packages") && plan.contains("+ provision-tool    = 1.0"),
         "{plan}"
     );
-    assert!(plan.contains("+ venv /opt/ml-env"), "{plan}");
+    assert!(
+        plan.contains("+ venv /opt/.provision-generations/ml-env-"),
+        "{plan}"
+    );
     let (out, err) = g.expect(&["apply", "--yes"], 0);
     assert!(out.contains("Apply complete"), "{out}\n{err}");
 

@@ -11,6 +11,7 @@ mod lab_support;
 
 mod apt;
 mod first_apply;
+mod generation;
 mod guest;
 mod host;
 mod many;

@@ -186,13 +186,15 @@ fn a_kernel_built_for_cuda_12_fails_the_import_check_naming_its_library() {
     // CUDA 12 build. (With the page, pip takes `1.0+cu130` for `==1.0` too: the higher.)
     kernel_inventory(&g, "labkernel==1.0", "");
     let (plan, _) = g.expect(&["plan", "--detailed-exitcode"], 2);
-    assert!(plan.contains("+ import_check /opt/ml-env"), "{plan}");
+    assert!(
+        plan.contains("+ import_check /opt/.provision-generations/ml-env-"),
+        "{plan}"
+    );
     let (out, err) = g.expect(&["apply", "--yes"], 1);
     let text = format!("{out}{err}");
     assert!(
-        text.contains(
-            "`import labkernel` fails in /opt/ml-env: ImportError: libcudart.so.12: cannot open shared object file"
-        ),
+        text.contains("`import labkernel` fails in /opt/.provision-generations/ml-env-")
+            && text.contains(": ImportError: libcudart.so.12: cannot open shared object file"),
         "{text}"
     );
     assert!(
@@ -210,7 +212,10 @@ fn a_kernel_built_for_cuda_12_fails_the_import_check_naming_its_library() {
     // A package changed by hand in the venv: checked again.
     g.sh("/opt/ml-env/bin/pip install -q --no-index /opt/wheels/labkernel-1.0-py3-none-linux_x86_64.whl");
     let (drift, _) = g.expect(&["check"], 2);
-    assert!(drift.contains("import_check /opt/ml-env"), "{drift}");
+    assert!(
+        drift.contains("import_check /opt/.provision-generations/ml-env-"),
+        "{drift}"
+    );
 }
 
 /// The toolchain's packages (`scripts/lab-deps`: build-essential, python3.11-dev, libnuma1
@@ -256,7 +261,9 @@ fn the_import_check_compiles_against_python_h_once_the_role_installs_the_toolcha
     let (out, err) = g.expect(&["apply", "--yes"], 1);
     let text = format!("{out}{err}");
     assert!(
-        text.contains("compiling a C helper against Python.h in /opt/ml-env fails: no C compiler"),
+        text.contains(
+            "compiling a C helper against Python.h in /opt/.provision-generations/ml-env-"
+        ) && text.contains("fails: no C compiler"),
         "{text}"
     );
     // The role's default run-time packages: build-essential, python3.11-dev, libnuma1.
@@ -267,7 +274,8 @@ fn the_import_check_compiles_against_python_h_once_the_role_installs_the_toolcha
     let (out, err) = g.expect(&["apply", "--yes"], 0);
     assert!(out.contains("Apply complete"), "{out}\n{err}");
     assert!(
-        err.contains("import json in /opt/ml-env and compile a C helper against Python.h"),
+        err.contains("import json in /opt/.provision-generations/ml-env-")
+            && err.contains("and compile a C helper against Python.h"),
         "{err}"
     );
     g.expect(&["check"], 0);

@@ -161,7 +161,7 @@ fn offline_plan_json_is_stable_and_complete() {
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(typed.summary.create, 17);
+    assert_eq!(typed.summary.create, 18);
     insta::assert_json_snapshot!("plan_offline_llm_two_json", plan);
 }
 

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ServiceSpec;
 use super::systemd::{assignments, split_shown};
+use crate::generations::target as generations;
 use crate::health::Verdict;
 use crate::health::watch::{journal_cursor, unit_properties, watch};
 use crate::host::write_file_atomic;
@@ -84,6 +85,14 @@ pub enum DeployError {
         differences: Vec<String>,
         /// What the restore did, in words.
         restored: String,
+    },
+    /// `provision rollback` found no earlier generation that passed its gate.
+    #[error(
+        "{unit}: no earlier generation passed the health gate, so there is nothing to roll back to"
+    )]
+    NothingToRollBack {
+        /// The unit.
+        unit: String,
     },
     /// The health gate failed (and no fallback passed); what the rollback did.
     #[error("{unit} did not become ready: {summary}{}{outcome}", journal_block(.journal))]
@@ -227,6 +236,36 @@ fn lkg_path(unit: &str) -> String {
     format!("{LAST_KNOWN_GOOD_DIR}/{unit}")
 }
 
+/// The unit on disk passed its gate: kept as the last known good one, and the generation
+/// it runs on (when there are generations) recorded as passed with it.
+fn keep_as_good(unit: &str, unit_path: &str) -> Result<(), DeployError> {
+    let content = read_unit(unit_path)?;
+    write_unit(&lkg_path(unit), &content)?;
+    generations::gated(
+        unit,
+        &String::from_utf8_lossy(&content),
+        true,
+        crate::agent::run::utc_now(),
+    )
+    .map_err(DeployError::Write)
+}
+
+/// The generation to go back to when what runs now failed: the newest that passed a gate
+/// (or was adopted) other than this one, with the unit file to go with it (its own, or
+/// the last known good one for an adopted generation that has none recorded).
+fn previous_generation(
+    unit: &str,
+    unit_path: &str,
+) -> Option<(crate::generations::record::Generation, Vec<u8>)> {
+    let current = fs::read(unit_path).unwrap_or_default();
+    let g = generations::previous_good(unit, &String::from_utf8_lossy(&current)).ok()??;
+    let file = match g.units.get(unit) {
+        Some(u) => u.clone().into_bytes(),
+        None => fs::read(lkg_path(unit)).ok()?,
+    };
+    Some((g, file))
+}
+
 fn restart_and_watch(service: &ServiceSpec) -> Result<Option<Verdict>, DeployError> {
     let cursor = journal_cursor(&service.unit);
     // A unit that hit its start limit earlier refuses to start until reset.
@@ -294,8 +333,7 @@ pub fn deploy(d: &Deploy) -> Result<DeployReport, DeployError> {
                 .notes
                 .push("the running server became ready: not restarted".into());
             report.verdict = Some(verdict);
-            let unit = read_unit(&service.unit_path)?;
-            write_unit(&lkg_path(&service.unit), &unit)?;
+            keep_as_good(&service.unit, &service.unit_path)?;
             return Ok(report);
         }
         report.notes.push(format!(
@@ -307,8 +345,7 @@ pub fn deploy(d: &Deploy) -> Result<DeployReport, DeployError> {
     report.verdict = verdict.clone();
     match &verdict {
         None | Some(Verdict::Ready { .. }) => {
-            let unit = read_unit(&service.unit_path)?;
-            write_unit(&lkg_path(&service.unit), &unit)?;
+            keep_as_good(&service.unit, &service.unit_path)?;
             Ok(report)
         }
         Some(failed) => {
@@ -360,8 +397,7 @@ fn try_fallbacks(
         match restart_and_watch(&variant)? {
             Some(Verdict::Ready { after_ms }) => {
                 report.rollback = Some(Verdict::Ready { after_ms });
-                let unit = read_unit(&service.unit_path)?;
-                write_unit(&lkg_path(&service.unit), &unit)?;
+                keep_as_good(&service.unit, &service.unit_path)?;
                 return Ok(Some(fb.name.clone()));
             }
             Some(v) => report.notes.push(format!(
@@ -381,6 +417,21 @@ fn try_fallbacks(
 fn restore_last_known_good(d: &Deploy) -> String {
     if !d.rollback {
         return "left as it is for debugging (--no-rollback)".into();
+    }
+    if let Some((g, good)) = previous_generation(&d.service.unit, &d.service.unit_path) {
+        // The process still runs on the previous generation: the stable paths point at it
+        // again, so a restart by hand starts what ran.
+        let restored = generations::restore(&g)
+            .map_err(DeployError::Write)
+            .and_then(|_| write_unit(&d.service.unit_path, &good))
+            .and_then(|_| systemctl(&["daemon-reload"]));
+        return match restored {
+            Ok(()) => format!(
+                "the last unit that passed the health gate is loaded again, on its generation {} (the venv and checkout the running process uses)",
+                g.number
+            ),
+            Err(e) => format!("restoring generation {} failed: {e}", g.number),
+        };
     }
     let lkg = lkg_path(&d.service.unit);
     let Ok(good) = fs::read(&lkg) else {
@@ -412,8 +463,19 @@ fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
     if !d.rollback {
         return unhealthy("\n  left as it is for debugging (--no-rollback)".into());
     }
-    let lkg = lkg_path(&service.unit);
     let current = fs::read(&service.unit_path).unwrap_or_default();
+    let _ = generations::gated(
+        &service.unit,
+        &String::from_utf8_lossy(&current),
+        false,
+        crate::agent::run::utc_now(),
+    );
+    if let Some((g, good)) = previous_generation(&service.unit, &service.unit_path) {
+        let why = format!("the health gate failed: {}", failed.summary());
+        let (_, outcome) = whole_rollback(service, &g, &good, &why);
+        return unhealthy(format!("\n  {outcome}"));
+    }
+    let lkg = lkg_path(&service.unit);
     let outcome = match fs::read(&lkg) {
         Ok(good) if good != current => {
             let _ = systemctl(&["stop", &service.unit]);
@@ -439,6 +501,101 @@ fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
         }
     };
     unhealthy(outcome)
+}
+
+/// Brings generation `g` back whole (the stable paths, so its venv and checkout, and its
+/// unit), restarts the service on it and gates it again; the generation left gets `why`
+/// as its note. The verdict, and what was done in words.
+fn whole_rollback(
+    service: &ServiceSpec,
+    g: &crate::generations::record::Generation,
+    unit_file: &[u8],
+    why: &str,
+) -> (Option<Verdict>, String) {
+    let left = generations::current_links(&generations::load().unwrap_or_default());
+    let _ = systemctl(&["stop", &service.unit]);
+    let restored = generations::restore(g)
+        .map_err(DeployError::Write)
+        .and_then(|_| write_unit(&service.unit_path, unit_file))
+        .and_then(|_| systemctl(&["daemon-reload"]))
+        .and_then(|_| restart_and_watch(service));
+    let what = format!(
+        "the last unit that passed the health gate, on its generation {} ({}: the venv and checkout it ran on; the model is the one that unit names)",
+        g.number,
+        g.links
+            .values()
+            .map(|d| crate::generations::short(d))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (verdict, outcome) = match restored {
+        Ok(Some(Verdict::Ready { after_ms })) => (
+            Some(Verdict::Ready { after_ms }),
+            format!(
+                "rolled back to {what}: ready again after {:.1}s",
+                after_ms as f64 / 1000.0
+            ),
+        ),
+        Ok(Some(v)) => {
+            let text = format!("rolled back to {what}, but it failed too: {}", v.summary());
+            (Some(v), text)
+        }
+        Ok(None) => (None, format!("rolled back to {what}")),
+        Err(e) => (None, format!("rollback to {what} failed: {e}")),
+    };
+    let passed = matches!(verdict, None | Some(Verdict::Ready { .. }));
+    let _ = generations::gated(
+        &service.unit,
+        &String::from_utf8_lossy(unit_file),
+        passed,
+        crate::agent::run::utc_now(),
+    );
+    if passed {
+        let _ = write_unit(&lkg_path(&service.unit), unit_file);
+    }
+    let _ = generations::note(&left, format!("{why}; {outcome}"));
+    (verdict, outcome)
+}
+
+/// `provision rollback`: every service of an ml-env goes back to the newest generation
+/// before what runs that passed its gate, and is gated again; one that fails there is
+/// rolled back to what ran, as an apply's would be.
+pub fn rollback(services: &[ServiceSpec]) -> Result<Vec<DeployReport>, DeployError> {
+    let first = services.first().ok_or(DeployError::NothingToRollBack {
+        unit: "no service".into(),
+    })?;
+    let (g, _) = previous_generation(&first.unit, &first.unit_path).ok_or_else(|| {
+        DeployError::NothingToRollBack {
+            unit: first.unit.clone(),
+        }
+    })?;
+    let mut reports = Vec::new();
+    for service in services {
+        let file = match g.units.get(&service.unit) {
+            Some(u) => u.clone().into_bytes(),
+            None => read_unit(&lkg_path(&service.unit))?,
+        };
+        let (verdict, outcome) = whole_rollback(service, &g, &file, "left by `provision rollback`");
+        match &verdict {
+            None | Some(Verdict::Ready { .. }) => reports.push(DeployReport {
+                unit: service.unit.clone(),
+                verdict,
+                rollback: None,
+                notes: vec![outcome],
+                degraded: None,
+            }),
+            Some(failed) => {
+                let d = Deploy {
+                    service: service.clone(),
+                    restart: true,
+                    wait_first: false,
+                    rollback: true,
+                };
+                return Err(fail(&d, failed));
+            }
+        }
+    }
+    Ok(reports)
 }
 
 #[cfg(test)]

@@ -33,6 +33,24 @@ pub struct Preflight {
     /// lists, or no accelerator SGLang sees is a failure, not a warning.
     #[serde(default)]
     pub gpus: bool,
+    /// The ml-env's stable paths -> the generation being deployed: the preflight runs the
+    /// new generation before the stable paths are switched to it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub links: std::collections::BTreeMap<String, String>,
+}
+
+impl Preflight {
+    /// `path` under a stable path, as the same path in the generation being deployed.
+    pub fn in_generation(&self, path: &str) -> String {
+        for (stable, dir) in &self.links {
+            if let Some(rest) = path.strip_prefix(stable.as_str())
+                && (rest.is_empty() || rest.starts_with('/'))
+            {
+                return format!("{dir}{rest}");
+            }
+        }
+        path.to_string()
+    }
 }
 
 /// One thing that stops the deploy.
@@ -271,6 +289,7 @@ fn unit_active(unit: &str) -> bool {
 /// when it cannot judge (no accelerator), `Err` with SGLang's message when it refuses.
 fn run_parser(service: &ServiceSpec, check: &Preflight) -> Result<Option<String>, ParserError> {
     let (python, args) = server_args(service);
+    let python = &check.in_generation(python);
     let mut cmd = if service.user == "root" {
         Command::new("timeout")
     } else {
@@ -283,7 +302,7 @@ fn run_parser(service: &ServiceSpec, check: &Preflight) -> Result<Option<String>
         .arg(python)
         .arg("-")
         .args(args)
-        .current_dir(&service.working_directory)
+        .current_dir(check.in_generation(&service.working_directory))
         .env("HF_HUB_OFFLINE", "1")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -347,7 +366,7 @@ fn nccl(service: &ServiceSpec, check: &Preflight) -> Result<String, NcclProblem>
     let gpus = (0..check.tp)
         .map(crate::inventory::container::GpuSelector::Index)
         .collect();
-    let mut opts = NcclOptions::new(gpus, server_args(service).0.to_string());
+    let mut opts = NcclOptions::new(gpus, check.in_generation(server_args(service).0));
     opts.timeout = Duration::from_secs(90);
     opts.env = service
         .environment

@@ -114,6 +114,12 @@ pub enum Probe {
         /// The folder.
         path: String,
     },
+    /// What an ml-env's stable paths are (symlinks to a generation, real folders) and the
+    /// generations record's word on them.
+    Generation {
+        /// The stable paths.
+        stables: Vec<String>,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -152,6 +158,8 @@ pub enum Fact {
     Managed(Option<super::managed::Record>),
     /// Answer to [`Probe::FolderSize`].
     FolderSize(Option<u64>),
+    /// Answer to [`Probe::Generation`] (always `Some` when read).
+    Generation(Option<super::generation::GenerationFact>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -268,6 +276,10 @@ impl Facts {
         /// The bytes under a folder.
         folder_size, FolderSize, u64
     );
+    accessor!(
+        /// An ml-env's stable paths and their generation.
+        generation, Generation, super::generation::GenerationFact
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -315,6 +327,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
         Probe::FolderSize { path } => {
             Fact::FolderSize(super::managed::folder_size(Path::new(path))?)
         }
+        Probe::Generation { stables } => Fact::Generation(Some(super::generation::read(stables)?)),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
             return Err(AnswerError::NotAnAgentProbe);
         }
@@ -497,6 +510,18 @@ pub enum Step {
     Record(super::managed::Record),
     /// Remove something provision made that is no longer declared.
     Remove(super::managed::Removal),
+    /// Point an ml-env's stable paths at a built generation (one rename each), adopting a
+    /// real folder found there; record it and prune old generations.
+    SwitchGeneration {
+        /// Stable path -> the generation's folder.
+        links: BTreeMap<String, String>,
+    },
+    /// `provision rollback`: the services of an ml-env back on the previous generation
+    /// that passed its gate, gated again.
+    RollbackGeneration {
+        /// The services, as the inventory declares them (their health gates).
+        services: Vec<super::service::ServiceSpec>,
+    },
 }
 
 impl Step {
@@ -557,6 +582,23 @@ impl Step {
                 super::managed::Entry::File { path, .. } => format!("remove {path}"),
                 super::managed::Entry::Model { path, .. } => format!("delete model folder {path}"),
             },
+            Step::SwitchGeneration { links } => format!(
+                "switch {} to generation {}",
+                links.keys().cloned().collect::<Vec<_>>().join(", "),
+                links
+                    .values()
+                    .map(|d| crate::generations::short(d))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            Step::RollbackGeneration { services } => format!(
+                "roll {} back to the previous generation and wait until ready",
+                services
+                    .iter()
+                    .map(|s| s.unit.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
                 d.service.unit,
@@ -576,6 +618,12 @@ impl Step {
             Step::DeployService(d) => {
                 return Ok(
                     serde_json::to_value(crate::resources::service::deploy::deploy(d)?).ok(),
+                );
+            }
+            Step::RollbackGeneration { services } => {
+                return Ok(
+                    serde_json::to_value(crate::resources::service::deploy::rollback(services)?)
+                        .ok(),
                 );
             }
             Step::Preflight(s) => {
@@ -647,6 +695,7 @@ impl Step {
                 revision,
                 path,
             } => git_checkout::checkout(repo, revision, path),
+            Step::SwitchGeneration { links } => super::generation::switch(links),
         };
         done.map(|()| None).map_err(StepError::from)
     }
