@@ -156,7 +156,7 @@ pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
 
 /// Runs [`Step::SwitchGeneration`] on the target.
 pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::host::HostError> {
-    for note in crate::generations::target::switch(links, crate::agent::run::utc_now())? {
+    for note in crate::generations::target::switch(links, crate::host::utc_now())? {
         crate::progress::line(&note);
     }
     Ok(())

@@ -245,7 +245,7 @@ fn keep_as_good(unit: &str, unit_path: &str) -> Result<(), DeployError> {
         unit,
         &String::from_utf8_lossy(&content),
         true,
-        crate::agent::run::utc_now(),
+        crate::host::utc_now(),
     )
     .map_err(DeployError::Write)
 }
@@ -468,7 +468,7 @@ fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
         &service.unit,
         &String::from_utf8_lossy(&current),
         false,
-        crate::agent::run::utc_now(),
+        crate::host::utc_now(),
     );
     if let Some((g, good)) = previous_generation(&service.unit, &service.unit_path) {
         let why = format!("the health gate failed: {}", failed.summary());
@@ -548,7 +548,7 @@ fn whole_rollback(
         &service.unit,
         &String::from_utf8_lossy(unit_file),
         passed,
-        crate::agent::run::utc_now(),
+        crate::host::utc_now(),
     );
     if passed {
         let _ = write_unit(&lkg_path(&service.unit), unit_file);
