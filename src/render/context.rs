@@ -89,7 +89,11 @@ pub fn container_context(
     });
     let ml_env = ct.ml_env.as_ref().map(|env| {
         let index = env.index.as_ref();
+        let uv = (env.installer() == crate::inventory::software::Installer::Uv)
+            .then(crate::resources::uv::UvSpec::pinned);
         json!({
+            "uv_path": uv.as_ref().map(|u| u.path.clone()),
+            "uv": uv,
             "path": env.path.to_string(),
             "bin": env.bin().to_string(),
             "python": env.python.to_string(),

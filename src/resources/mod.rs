@@ -19,6 +19,7 @@ pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
 pub mod template;
+pub mod uv;
 pub mod venv;
 pub mod wire;
 
@@ -69,6 +70,8 @@ pub enum ResourceSpec {
     GpuUserspace(gpu_userspace::GpuUserspaceSpec),
     /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
     ImportCheck(import_check::ImportCheckSpec),
+    /// uv, pushed to the target to build the ml-env.
+    Uv(uv::UvSpec),
 }
 
 /// How a resource differs from what was read.
@@ -176,6 +179,7 @@ impl ResourceSpec {
             ResourceSpec::NvidiaHost(r) => r,
             ResourceSpec::GpuUserspace(r) => r,
             ResourceSpec::ImportCheck(r) => r,
+            ResourceSpec::Uv(r) => r,
         }
     }
 

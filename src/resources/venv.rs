@@ -20,6 +20,10 @@ pub struct VenvSpec {
     pub path: String,
     /// Python release, `MAJOR.MINOR`.
     pub python: String,
+    /// uv's path on the target when uv makes the venv (it then has no pip); else
+    /// `python -m venv`. Left out of plans when unset, so they keep their shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uv: Option<String>,
 }
 
 impl Resource for VenvSpec {
@@ -42,9 +46,21 @@ impl Resource for VenvSpec {
             None => Ok(Some(
                 Delta::new(Action::Create).attr(Attribute::new("python", self.python.clone())),
             )),
+            // uv makes a venv without pip; one interrupted before its interpreter is linked
+            // is made again.
+            Some(v) if self.uv.is_some() && !v.interpreter => Ok(Some(
+                Delta::new(Action::Replace)
+                    .attr(Attribute::change(
+                        "bin/python",
+                        Some("missing".to_string()),
+                        Some("present".to_string()),
+                    ))
+                    .reason("an interrupted creation left the venv without its Python; it is made again"),
+            )),
             // `python -m venv` writes pyvenv.cfg before it installs pip: one interrupted
-            // (a kill, a reboot) leaves a venv no later step can use. Made again.
-            Some(v) if !v.complete => Ok(Some(
+            // (a kill, a reboot) leaves a venv no later step can use (and one uv made has
+            // no pip at all). Made again.
+            Some(v) if self.uv.is_none() && !v.complete => Ok(Some(
                 Delta::new(Action::Replace)
                     .attr(Attribute::change(
                         "bin/pip",
@@ -71,6 +87,7 @@ impl Resource for VenvSpec {
             path: self.path.clone(),
             python: self.python.clone(),
             replace: change.action == Action::Replace,
+            uv: self.uv.clone(),
         }])
     }
 }
@@ -87,6 +104,9 @@ pub struct VenvFact {
     /// Whether its Python and pip are there (not so after an interrupted creation).
     #[serde(default = "complete_by_default")]
     pub complete: bool,
+    /// Whether its Python is there (all a venv made by uv, which has no pip, needs).
+    #[serde(default = "complete_by_default")]
+    pub interpreter: bool,
 }
 
 fn complete_by_default() -> bool {
@@ -149,19 +169,24 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
             packages.insert(key, ver);
         }
     }
-    let complete = path.join("bin/python").exists() && path.join("bin/pip").exists();
+    let interpreter = path.join("bin/python").exists();
+    let complete = interpreter && path.join("bin/pip").exists();
     Ok(Some(VenvFact {
         python,
         packages,
         editable,
         complete,
+        interpreter,
     }))
 }
 
-/// Makes a venv, removing a wrong one first when `replace`.
-pub fn create(path: &str, python: &str, replace: bool) -> Result<(), HostError> {
+/// Makes a venv, removing a wrong one first when `replace`; with uv's path, by uv.
+pub fn create(path: &str, python: &str, replace: bool, uv: Option<&str>) -> Result<(), HostError> {
     if replace && Path::new(path).exists() {
         fs::remove_dir_all(path).map_err(HostError::io("remove the old venv", Path::new(path)))?;
+    }
+    if let Some(uv) = uv {
+        return crate::host::run(uv, &super::uv::venv_args(path, python), &[]);
     }
     crate::host::run(
         &format!("python{python}"),
@@ -188,6 +213,7 @@ mod tests {
         let spec = VenvSpec {
             path: v.display().to_string(),
             python: "3.11".into(),
+            uv: None,
         };
         let facts = Facts::Read(std::collections::HashMap::from([(
             spec.probes()[0].clone(),
