@@ -119,6 +119,7 @@ mod tests {
                 .collect(),
             complete: true,
             interpreter: true,
+            uv: false,
         };
         let facts = Facts::Read(HashMap::from([(
             spec.probes()[0].clone(),

@@ -385,6 +385,7 @@ mod tests {
             editable: BTreeMap::new(),
             complete: true,
             interpreter: true,
+            uv: false,
         };
         Facts::Read(HashMap::from([(
             Probe::Venv {

@@ -67,7 +67,11 @@ impl Resource for VenvSpec {
                         Some("missing".to_string()),
                         Some("present".to_string()),
                     ))
-                    .reason("an interrupted creation left the venv without pip; it is made again"),
+                    .reason(if v.interpreter && v.uv {
+                        "uv made this venv (it has no pip) and the installer is now pip (`ml_env.installer` unset and uv's wheel not in this workstation's cache?); it is made again by pip"
+                    } else {
+                        "an interrupted creation left the venv without pip; it is made again"
+                    }),
             )),
             Some(v) if v.python == self.python => Ok(None),
             Some(v) => Ok(Some(
@@ -107,6 +111,9 @@ pub struct VenvFact {
     /// Whether its Python is there (all a venv made by uv, which has no pip, needs).
     #[serde(default = "complete_by_default")]
     pub interpreter: bool,
+    /// Whether uv made it (its `pyvenv.cfg` names uv's version).
+    #[serde(default)]
+    pub uv: bool,
 }
 
 fn complete_by_default() -> bool {
@@ -128,6 +135,10 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_default();
     let python = version.split('.').take(2).collect::<Vec<_>>().join(".");
+    let made_by_uv = cfg
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .any(|(k, _)| k.trim() == "uv");
     let mut packages = BTreeMap::new();
     let mut editable = BTreeMap::new();
     let lib = path.join("lib");
@@ -177,6 +188,7 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
         editable,
         complete,
         interpreter,
+        uv: made_by_uv,
     }))
 }
 
@@ -223,6 +235,48 @@ mod tests {
         assert_eq!(delta.action, Action::Replace);
         fs::write(v.join("bin/pip"), "").unwrap();
         assert!(read(&v).unwrap().unwrap().complete);
+    }
+
+    #[test]
+    fn a_venv_uv_made_is_whole_without_pip_and_pip_makes_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = dir.path().join("venv");
+        fs::create_dir_all(v.join("lib/python3.11/site-packages")).unwrap();
+        fs::create_dir_all(v.join("bin")).unwrap();
+        fs::write(
+            v.join("pyvenv.cfg"),
+            "home = /usr/bin\nimplementation = CPython\nuv = 0.13.9\nversion_info = 3.11.2\n",
+        )
+        .unwrap();
+        fs::write(v.join("bin/python"), "").unwrap();
+        let fact = read(&v).unwrap().unwrap();
+        assert!(fact.uv && fact.interpreter && !fact.complete);
+        assert_eq!(fact.python, "3.11");
+        let mut spec = VenvSpec {
+            path: v.display().to_string(),
+            python: "3.11".into(),
+            uv: Some("/var/lib/provision/tools/uv".into()),
+        };
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            spec.probes()[0].clone(),
+            super::super::wire::Fact::Venv(Some(fact)),
+        )]));
+        assert_eq!(spec.diff(&facts).unwrap(), None);
+        spec.uv = None;
+        let d = spec.diff(&facts).unwrap().expect("pip needs pip");
+        assert_eq!(d.action, Action::Replace);
+        assert!(
+            d.reasons[0].contains("uv made this venv"),
+            "{:?}",
+            d.reasons
+        );
+        fs::remove_file(v.join("bin/python")).unwrap();
+        spec.uv = Some("/var/lib/provision/tools/uv".into());
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            spec.probes()[0].clone(),
+            super::super::wire::Fact::Venv(read(&v).unwrap()),
+        )]));
+        assert_eq!(spec.diff(&facts).unwrap().unwrap().action, Action::Replace);
     }
 
     #[test]
