@@ -66,7 +66,10 @@ pub fn limit(step: &Step) -> Limit {
         Step::PipInstall { .. } => Limit::Total(min(240)),
         Step::GitCheckout { .. } => Limit::Total(min(60)),
         Step::CreateVenv { .. } => Limit::Total(min(30)),
-        Step::WriteFile { .. } | Step::Mkdir { .. } | Step::AptKey { .. } => Limit::Total(min(5)),
+        Step::WriteFile { .. }
+        | Step::Mkdir { .. }
+        | Step::AptKey { .. }
+        | Step::InstallTool(_) => Limit::Total(min(5)),
         Step::Zfs(_) | Step::NodeUnit { .. } => Limit::Total(min(10)),
         // The installer builds kernel modules.
         Step::InstallDriver { .. } => Limit::Total(min(60)),

@@ -25,6 +25,10 @@ use crate::transport::{Transport, TransportError, shell_quote};
 /// Where agents live on targets, unless `PROVISION_AGENT_DIR` says otherwise (tests).
 pub const DEFAULT_AGENT_DIR: &str = "/var/lib/provision";
 
+/// The largest request sent in the same command as an agent push (through the shell's
+/// `read`, one byte per system call); a larger one follows the push on its own.
+const PUSH_REQUEST_MAX: usize = 64 * 1024;
+
 /// Marker the remote script prints when the agent binary is not there yet.
 const MISSING: &str = "provision-agent-missing";
 /// The architecture of the agent provision carries (scripts/build-agent).
@@ -313,7 +317,21 @@ impl Conn {
             .map(str::trim)
             .map(|w| if w == "zstd" { Wire::Zstd } else { Wire::Gzip });
         if vanished || missing.is_some() {
-            out = self.push_and_call(&body, missing.unwrap_or(Wire::Gzip))?;
+            let wire = missing.unwrap_or(Wire::Gzip);
+            if body.len() > PUSH_REQUEST_MAX {
+                // The shell's `read` takes the request a byte at a time (a 27 MB one, uv's
+                // binary, took 40 s): the agent is pushed with an empty request, and this one
+                // then goes straight to it.
+                let empty = serde_json::to_vec(&Request::Probe {
+                    probes: Vec::new(),
+                    verify_full: false,
+                })
+                .expect("an empty probe request serialises");
+                self.push_and_call(&empty, wire)?;
+                out = self.transport.exec(&script, &body, timeout)?;
+            } else {
+                out = self.push_and_call(&body, wire)?;
+            }
         }
         let stderr = out.stderr_text();
         if stderr.contains(EXEC_FAILED) {

@@ -55,6 +55,9 @@ pub fn paths(env: &MlEnv) -> GenerationPaths {
     });
     let index = env.index.as_ref();
     let inputs = serde_json::json!({
+        // A venv pip made is remade by uv, and the other way round: a new generation, so
+        // the running one is never rebuilt in place.
+        "installer": env.installer(),
         "python": env.python.to_string(),
         "packages": env.packages.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
         "index_url": index.and_then(|i| i.url.as_ref()).map(|u| u.to_string()),

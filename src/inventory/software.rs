@@ -255,6 +255,10 @@ pub struct MlEnv {
     pub packages: Vec<Sp<Pinned>>,
     /// Where packages come from; PyPI when unset.
     pub index: Option<PackageIndex>,
+    /// What builds the venv and installs into it: `uv` (pushed from the workstation,
+    /// pinned by version and sha256) or `pip` (`python -m venv`, then pip). When unset,
+    /// uv if the workstation's cache holds the pinned uv wheel, else pip.
+    pub installer: Option<Sp<Installer>>,
     /// SGLang built from a git checkout.
     pub sglang: Option<SglangSource>,
     /// Modules imported in the venv once everything is installed (e.g. `torch.cuda`,
@@ -275,6 +279,25 @@ impl MlEnv {
     pub fn bin(&self) -> AbsPath {
         self.path.join("bin")
     }
+
+    /// The installer used: as written, else uv when the workstation has it cached.
+    pub fn installer(&self) -> Installer {
+        match &self.installer {
+            Some(i) => i.value,
+            None if crate::resources::uv::is_cached() => Installer::Uv,
+            None => Installer::Pip,
+        }
+    }
+}
+
+/// What builds the ml-env.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Installer {
+    /// uv: the venv and every install, pushed to the target as one static binary.
+    Uv,
+    /// `python -m venv` and the venv's own pip.
+    Pip,
 }
 
 /// A package index or a local wheelhouse (air-gapped hosts).

@@ -92,7 +92,11 @@ pub fn container_context(
         // The venv and the checkout are built at their generation's folders; `bin` and
         // `interpreter` are the stable paths a unit runs from.
         let generation = crate::generations::paths(env);
+        let uv = (env.installer() == crate::inventory::software::Installer::Uv)
+            .then(crate::resources::uv::UvSpec::pinned);
         json!({
+            "uv_path": uv.as_ref().map(|u| u.path.clone()),
+            "uv": uv,
             "path": generation.venv,
             "stable_path": env.path.to_string(),
             "links": generation.links,

@@ -143,6 +143,15 @@ pub struct PathFact {
 
 /// What is at `path` (not following a final symlink).
 pub fn path_fact(path: &Path) -> Result<Option<PathFact>, HostError> {
+    read_path(path, true)
+}
+
+/// What is at `path`, its content not read (no sha256, no text).
+pub fn stat_fact(path: &Path) -> Result<Option<PathFact>, HostError> {
+    read_path(path, false)
+}
+
+fn read_path(path: &Path, hash: bool) -> Result<Option<PathFact>, HostError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -170,7 +179,7 @@ pub fn path_fact(path: &Path) -> Result<Option<PathFact>, HostError> {
         sha256: None,
         content: None,
     };
-    if kind == PathKind::File && meta.len() <= HASH_LIMIT {
+    if hash && kind == PathKind::File && meta.len() <= HASH_LIMIT {
         let mut file = fs::File::open(path).map_err(HostError::io("read", path))?;
         let mut hasher = Sha256::new();
         let mut small = Vec::new();

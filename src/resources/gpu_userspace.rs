@@ -276,7 +276,7 @@ pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> 
 }
 
 /// Streams `url` into `path` (through a `.part` file renamed at the end); its sha256.
-fn download(url: &str, path: &Path) -> Result<String, HostError> {
+pub(crate) fn download(url: &str, path: &Path) -> Result<String, HostError> {
     use sha2::{Digest, Sha256};
     crate::hub::install_crypto_provider();
     let part = PathBuf::from(format!("{}.part", path.display()));

@@ -21,6 +21,7 @@ pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
 pub mod template;
+pub mod uv;
 pub mod venv;
 pub mod wire;
 
@@ -76,6 +77,8 @@ pub enum ResourceSpec {
     Removed(managed::Removal),
     /// An ml-env's stable paths pointing at its declared generation, built beside.
     Generation(generation::GenerationSpec),
+    /// uv, pushed to the target to build the ml-env.
+    Uv(uv::UvSpec),
 }
 
 /// How a resource differs from what was read.
@@ -210,6 +213,7 @@ impl ResourceSpec {
             ResourceSpec::ImportCheck(r) => r,
             ResourceSpec::Removed(r) => r,
             ResourceSpec::Generation(r) => r,
+            ResourceSpec::Uv(r) => r,
         }
     }
 

@@ -27,6 +27,9 @@ pub struct PipEditableSpec {
     /// Where pip finds its dependencies.
     #[serde(flatten)]
     pub index: PipIndex,
+    /// uv's path on the target when uv installs it (else the venv's pip).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uv: Option<String>,
 }
 
 impl Resource for PipEditableSpec {
@@ -83,6 +86,7 @@ impl Resource for PipEditableSpec {
             requirements: vec![source],
             editable: true,
             index: self.index.clone(),
+            uv: self.uv.clone(),
         }])
     }
 }
@@ -114,6 +118,8 @@ mod tests {
                 .into_iter()
                 .collect(),
             complete: true,
+            interpreter: true,
+            uv: false,
         };
         let facts = Facts::Read(HashMap::from([(
             spec.probes()[0].clone(),

@@ -26,6 +26,10 @@ pub struct PipPackagesSpec {
     /// Where pip finds them.
     #[serde(flatten)]
     pub index: PipIndex,
+    /// uv's path on the target when uv installs them (else the venv's pip); left out of
+    /// plans when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uv: Option<String>,
 }
 
 /// A requirement pip can take and provision can check against what is installed: a name,
@@ -187,6 +191,7 @@ impl Resource for PipPackagesSpec {
             requirements: self.packages.iter().map(ToString::to_string).collect(),
             editable: false,
             index: self.index.clone(),
+            uv: self.uv.clone(),
         }])
     }
 }
@@ -244,13 +249,19 @@ impl PipIndex {
     }
 }
 
-/// `pip install` into a venv: pinned requirements, or one source folder with `editable`.
+/// `pip install` into a venv: pinned requirements, or one source folder with `editable`;
+/// with uv's path, `uv pip install` with the same requirements and places.
 pub fn install(
     venv: &str,
     requirements: &[String],
     editable: bool,
     index: &PipIndex,
+    uv: Option<&str>,
 ) -> Result<(), HostError> {
+    if let Some(uv) = uv {
+        let args = super::uv::install_args(venv, requirements, editable, index);
+        return crate::host::run(uv, &args, &[]);
+    }
     let mut args: Vec<String> = vec![
         "install".into(),
         "--no-input".into(),
@@ -373,6 +384,8 @@ mod tests {
                 .collect(),
             editable: BTreeMap::new(),
             complete: true,
+            interpreter: true,
+            uv: false,
         };
         Facts::Read(HashMap::from([(
             Probe::Venv {

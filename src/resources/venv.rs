@@ -20,6 +20,10 @@ pub struct VenvSpec {
     pub path: String,
     /// Python release, `MAJOR.MINOR`.
     pub python: String,
+    /// uv's path on the target when uv makes the venv (it then has no pip); else
+    /// `python -m venv`. Left out of plans when unset, so they keep their shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uv: Option<String>,
 }
 
 impl Resource for VenvSpec {
@@ -42,16 +46,32 @@ impl Resource for VenvSpec {
             None => Ok(Some(
                 Delta::new(Action::Create).attr(Attribute::new("python", self.python.clone())),
             )),
+            // uv makes a venv without pip; one interrupted before its interpreter is linked
+            // is made again.
+            Some(v) if self.uv.is_some() && !v.interpreter => Ok(Some(
+                Delta::new(Action::Replace)
+                    .attr(Attribute::change(
+                        "bin/python",
+                        Some("missing".to_string()),
+                        Some("present".to_string()),
+                    ))
+                    .reason("an interrupted creation left the venv without its Python; it is made again"),
+            )),
             // `python -m venv` writes pyvenv.cfg before it installs pip: one interrupted
-            // (a kill, a reboot) leaves a venv no later step can use. Made again.
-            Some(v) if !v.complete => Ok(Some(
+            // (a kill, a reboot) leaves a venv no later step can use (and one uv made has
+            // no pip at all). Made again.
+            Some(v) if self.uv.is_none() && !v.complete => Ok(Some(
                 Delta::new(Action::Replace)
                     .attr(Attribute::change(
                         "bin/pip",
                         Some("missing".to_string()),
                         Some("present".to_string()),
                     ))
-                    .reason("an interrupted creation left the venv without pip; it is made again"),
+                    .reason(if v.interpreter && v.uv {
+                        "uv made this venv (it has no pip) and the installer is now pip (`ml_env.installer` unset and uv's wheel not in this workstation's cache?); it is made again by pip"
+                    } else {
+                        "an interrupted creation left the venv without pip; it is made again"
+                    }),
             )),
             Some(v) if v.python == self.python => Ok(None),
             Some(v) => Ok(Some(
@@ -71,6 +91,7 @@ impl Resource for VenvSpec {
             path: self.path.clone(),
             python: self.python.clone(),
             replace: change.action == Action::Replace,
+            uv: self.uv.clone(),
         }])
     }
 }
@@ -87,6 +108,12 @@ pub struct VenvFact {
     /// Whether its Python and pip are there (not so after an interrupted creation).
     #[serde(default = "complete_by_default")]
     pub complete: bool,
+    /// Whether its Python is there (all a venv made by uv, which has no pip, needs).
+    #[serde(default = "complete_by_default")]
+    pub interpreter: bool,
+    /// Whether uv made it (its `pyvenv.cfg` names uv's version).
+    #[serde(default)]
+    pub uv: bool,
 }
 
 fn complete_by_default() -> bool {
@@ -108,6 +135,10 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_default();
     let python = version.split('.').take(2).collect::<Vec<_>>().join(".");
+    let made_by_uv = cfg
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .any(|(k, _)| k.trim() == "uv");
     let mut packages = BTreeMap::new();
     let mut editable = BTreeMap::new();
     let lib = path.join("lib");
@@ -149,19 +180,25 @@ pub fn read(path: &Path) -> Result<Option<VenvFact>, HostError> {
             packages.insert(key, ver);
         }
     }
-    let complete = path.join("bin/python").exists() && path.join("bin/pip").exists();
+    let interpreter = path.join("bin/python").exists();
+    let complete = interpreter && path.join("bin/pip").exists();
     Ok(Some(VenvFact {
         python,
         packages,
         editable,
         complete,
+        interpreter,
+        uv: made_by_uv,
     }))
 }
 
-/// Makes a venv, removing a wrong one first when `replace`.
-pub fn create(path: &str, python: &str, replace: bool) -> Result<(), HostError> {
+/// Makes a venv, removing a wrong one first when `replace`; with uv's path, by uv.
+pub fn create(path: &str, python: &str, replace: bool, uv: Option<&str>) -> Result<(), HostError> {
     if replace && Path::new(path).exists() {
         fs::remove_dir_all(path).map_err(HostError::io("remove the old venv", Path::new(path)))?;
+    }
+    if let Some(uv) = uv {
+        return crate::host::run(uv, &super::uv::venv_args(path, python), &[]);
     }
     crate::host::run(
         &format!("python{python}"),
@@ -188,6 +225,7 @@ mod tests {
         let spec = VenvSpec {
             path: v.display().to_string(),
             python: "3.11".into(),
+            uv: None,
         };
         let facts = Facts::Read(std::collections::HashMap::from([(
             spec.probes()[0].clone(),
@@ -197,6 +235,48 @@ mod tests {
         assert_eq!(delta.action, Action::Replace);
         fs::write(v.join("bin/pip"), "").unwrap();
         assert!(read(&v).unwrap().unwrap().complete);
+    }
+
+    #[test]
+    fn a_venv_uv_made_is_whole_without_pip_and_pip_makes_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = dir.path().join("venv");
+        fs::create_dir_all(v.join("lib/python3.11/site-packages")).unwrap();
+        fs::create_dir_all(v.join("bin")).unwrap();
+        fs::write(
+            v.join("pyvenv.cfg"),
+            "home = /usr/bin\nimplementation = CPython\nuv = 0.13.9\nversion_info = 3.11.2\n",
+        )
+        .unwrap();
+        fs::write(v.join("bin/python"), "").unwrap();
+        let fact = read(&v).unwrap().unwrap();
+        assert!(fact.uv && fact.interpreter && !fact.complete);
+        assert_eq!(fact.python, "3.11");
+        let mut spec = VenvSpec {
+            path: v.display().to_string(),
+            python: "3.11".into(),
+            uv: Some("/var/lib/provision/tools/uv".into()),
+        };
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            spec.probes()[0].clone(),
+            super::super::wire::Fact::Venv(Some(fact)),
+        )]));
+        assert_eq!(spec.diff(&facts).unwrap(), None);
+        spec.uv = None;
+        let d = spec.diff(&facts).unwrap().expect("pip needs pip");
+        assert_eq!(d.action, Action::Replace);
+        assert!(
+            d.reasons[0].contains("uv made this venv"),
+            "{:?}",
+            d.reasons
+        );
+        fs::remove_file(v.join("bin/python")).unwrap();
+        spec.uv = Some("/var/lib/provision/tools/uv".into());
+        let facts = Facts::Read(std::collections::HashMap::from([(
+            spec.probes()[0].clone(),
+            super::super::wire::Fact::Venv(read(&v).unwrap()),
+        )]));
+        assert_eq!(spec.diff(&facts).unwrap().unwrap().action, Action::Replace);
     }
 
     #[test]

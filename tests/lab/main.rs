@@ -26,3 +26,4 @@ mod rebuild;
 mod remove;
 mod service;
 mod stream;
+mod uv;

@@ -39,6 +39,11 @@ pub enum Probe {
         /// Absolute path.
         path: String,
     },
+    /// A path's type, owner, mode and size, without reading it (a content-addressed tool).
+    Stat {
+        /// Absolute path.
+        path: String,
+    },
     /// Installed versions of Debian packages.
     Packages {
         /// Package names.
@@ -298,6 +303,7 @@ impl Facts {
 pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
     Ok(match probe {
         Probe::Path { path } => Fact::Path(file::path_fact(Path::new(path))?),
+        Probe::Stat { path } => Fact::Path(file::stat_fact(Path::new(path))?),
         Probe::Packages { names } => Fact::Packages(apt::packages(names)?),
         Probe::Venv { path } => Fact::Venv(venv::read(Path::new(path))?),
         Probe::Git { path } => Fact::Git(git_checkout::read(Path::new(path))?),
@@ -441,6 +447,9 @@ pub enum Step {
         python: String,
         /// Remove what is there first.
         replace: bool,
+        /// uv's path on the target, when uv makes it (else `python -m venv`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uv: Option<String>,
     },
     /// `pip install` into a venv.
     PipInstall {
@@ -453,7 +462,12 @@ pub enum Step {
         /// Where pip looks for packages.
         #[serde(flatten)]
         index: PipIndex,
+        /// uv's path on the target, when uv installs (else the venv's pip).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uv: Option<String>,
     },
+    /// Put a binary pushed from the workstation in place (uv), checked by sha256.
+    InstallTool(Box<super::uv::Tool>),
     /// Download a model next to its storage, every file verified.
     ModelPull(Box<ModelPull>),
     /// Check a service's new argv before anything of it is written or restarted.
@@ -534,20 +548,28 @@ impl Step {
             Step::AptKey {
                 path, fingerprint, ..
             } => format!("write key {fingerprint} to {path}"),
-            Step::CreateVenv { path, python, .. } => format!("python{python} -m venv {path}"),
+            Step::CreateVenv {
+                path, python, uv, ..
+            } => match uv {
+                Some(_) => format!("uv venv --python python{python} {path}"),
+                None => format!("python{python} -m venv {path}"),
+            },
             Step::PipInstall {
                 venv,
                 requirements,
                 editable,
+                uv,
                 ..
             } => format!(
-                "pip install{} {} into {venv}",
+                "{}pip install{} {} into {venv}",
+                if uv.is_some() { "uv " } else { "" },
                 if *editable { " -e" } else { "" },
                 requirements.join(" ")
             ),
             Step::GitCheckout { path, revision, .. } => {
                 format!("git checkout {revision} in {path}")
             }
+            Step::InstallTool(t) => format!("push {} (sha256 {})", t.path, t.sha256),
             Step::Preflight(s) => format!("preflight {}", s.unit),
             Step::ModelPull(m) if m.before_weights => format!(
                 "download {}@{}'s small files (all but the weights) into {}, for the preflight",
@@ -683,13 +705,16 @@ impl Step {
                 path,
                 python,
                 replace,
-            } => venv::create(path, python, *replace),
+                uv,
+            } => venv::create(path, python, *replace, uv.as_deref()),
             Step::PipInstall {
                 venv,
                 requirements,
                 editable,
                 index,
-            } => pip_packages::install(venv, requirements, *editable, index),
+                uv,
+            } => pip_packages::install(venv, requirements, *editable, index, uv.as_deref()),
+            Step::InstallTool(t) => t.install(),
             Step::GitCheckout {
                 repo,
                 revision,
