@@ -815,3 +815,178 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
     );
     assert_eq!(old_files.trim(), "0", "the earlier installation is removed");
 }
+
+/// A file server on the test host's loopback only: a container's `127.0.0.1` is its own,
+/// so only the node (the lab's node is this host) reaches it. Counts the GETs it answers.
+struct LoopbackServer {
+    url: String,
+    gets: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn loopback_server(file: PathBuf) -> LoopbackServer {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    let gets = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = gets.clone();
+    let wanted = format!("GET /nvidia/{name} ");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = if first.starts_with(&wanted) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = std::fs::read(&file).unwrap();
+                stream
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .and_then(|_| stream.write_all(&body))
+            } else {
+                stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                )
+            };
+        }
+    });
+    LoopbackServer {
+        url: format!("http://127.0.0.1:{port}/nvidia/{name}"),
+        gets,
+    }
+}
+
+/// Removes a file of the lab node on drop.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl LoopbackServer {
+    fn gets(&self) -> usize {
+        self.gets.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot_reach_it() {
+    let lab = lab();
+    let version = "580.159.04";
+    let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
+    let node_module = std::fs::read_to_string(&module).expect("the lab node's stand-in module");
+    assert!(node_module.contains(version), "{node_module}");
+    let made = tempfile::tempdir().unwrap();
+    let status = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/nvidia-userspace/make-run.sh"
+    ))
+    .arg(version)
+    .arg(made.path())
+    .status()
+    .unwrap();
+    assert!(status.success());
+    let run = made
+        .path()
+        .join(format!("NVIDIA-Linux-x86_64-{version}.run"));
+    let sum = Command::new("sha256sum").arg(&run).output().unwrap();
+    let sha256 = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let server = loopback_server(run);
+    // The node's cache (the lab's node is this host); what this test leaves is removed.
+    let cached = PathBuf::from(format!(
+        "/var/cache/provision/nvidia/NVIDIA-Linux-x86_64-{version}.run"
+    ));
+    let _ = std::fs::remove_file(&cached);
+    let _cached_gone = Removed(cached.clone());
+    let cli = Cli::new(lab);
+    let _gone = cleanup(&cli.lab, 9268);
+    let mut ct = cli.ct("pxc-nvrun", 9268, 248);
+
+    // A wrong sha256 is refused on the node: nothing is kept there, nothing pushed in.
+    ct.userspace = Some((server.url.clone(), "0".repeat(64)));
+    cli.write(&ct, true);
+    let refused = cli.expect(&["apply", "--yes"], 1);
+    assert!(
+        refused.contains(&format!("has sha256 {sha256}, not the inventory's")),
+        "{refused}"
+    );
+    assert!(refused.contains("nothing was pushed"), "{refused}");
+    assert_eq!(server.gets(), 1, "the node downloaded it once");
+    assert!(!cached.exists(), "a file of another checksum is not kept");
+    assert_eq!(
+        cli.node(&format!(
+            "ls /var/cache/provision/nvidia/ | grep -c {version} || true"
+        ))
+        .trim(),
+        "0"
+    );
+    let pushed = "ls /var/cache/provision/nvidia/ 2>/dev/null | wc -l";
+    assert_eq!(cli.guest(&ct, pushed).trim(), "0", "nothing was pushed in");
+    // The container's route to the URL fails: only the node reaches it.
+    let port = server
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    assert_eq!(
+        cli.guest(
+            &ct,
+            &format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo reached || echo refused")
+        )
+        .trim(),
+        "refused"
+    );
+
+    // With its sha256, the node fetches it and pushes it in; the container installs it.
+    ct.userspace = Some((server.url.clone(), sha256.clone()));
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("pct push"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "install NVIDIA userspace {version} without the kernel module"
+        )),
+        "{out}"
+    );
+    assert_eq!(server.gets(), 2);
+    let smi = "nvidia-smi --query-gpu=driver_version --format=csv,noheader; readlink -f /usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    assert_eq!(
+        cli.guest(&ct, smi),
+        format!("{version}\n/usr/lib/x86_64-linux-gnu/libcuda.so.{version}\n")
+    );
+    assert!(cached.is_file(), "the node keeps the verified installer");
+    assert_eq!(
+        cli.guest(&ct, pushed).trim(),
+        "0",
+        "the pushed copy is removed after it ran"
+    );
+    cli.expect(&["check"], 0);
+
+    // The userspace is lost in the container: apply installs it again from the node's
+    // verified copy, without a download.
+    cli.guest(&ct, "rm -f /usr/lib/x86_64-linux-gnu/libcuda.so*");
+    cli.expect(&["check"], 2);
+    cli.expect(&["apply", "--yes"], 0);
+    assert_eq!(server.gets(), 2, "the cached installer is reused");
+    cli.expect(&["check"], 0);
+}
