@@ -919,6 +919,19 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     let _gone = cleanup(&cli.lab, 9268);
     let mut ct = cli.ct("pxc-nvrun", 9268, 248);
 
+    // A URL the node cannot fetch is named as the node's, with the hint.
+    let missing = server.url.replace("/nvidia/", "/missing/");
+    ct.userspace = Some((missing, sha256.clone()));
+    cli.write(&ct, true);
+    let unreachable = cli.expect(&["apply", "--yes"], 1);
+    assert!(
+        unreachable.contains("the node cannot download it")
+            && unreachable.contains("404")
+            && unreachable.contains("a local mirror"),
+        "{unreachable}"
+    );
+    assert_eq!(server.gets(), 0);
+
     // A wrong sha256 is refused on the node: nothing is kept there, nothing pushed in.
     ct.userspace = Some((server.url.clone(), "0".repeat(64)));
     cli.write(&ct, true);
