@@ -160,7 +160,10 @@ impl Resource for GpuUserspaceSpec {
         d = d.attr(Attribute::new(
             "from",
             match &self.installer {
-                Some(i) => format!("{} (--no-kernel-module)", i.url),
+                Some(i) => format!(
+                    "{} (fetched by the node, pushed in, --no-kernel-module)",
+                    i.url
+                ),
                 None => self.packages.join(" "),
             },
         ));
