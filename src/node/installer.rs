@@ -132,3 +132,115 @@ impl TargetWriter for GuestWithNode {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::transport::{ExecOutput, TransportError};
+
+    /// Records what it was asked to run; the fetch fails when `fail` is set.
+    struct Recorder {
+        log: Arc<Mutex<Vec<String>>>,
+        fail: bool,
+    }
+
+    impl TargetReader for Recorder {
+        fn describe(&self) -> String {
+            "recorder".into()
+        }
+        fn read(&self, _probes: &[Probe]) -> Result<Facts, AccessError> {
+            unreachable!("not read here")
+        }
+    }
+
+    impl TargetWriter for Recorder {
+        fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
+            Ok(ops
+                .iter()
+                .map(|op| {
+                    self.log.lock().unwrap().push(op.describe());
+                    OpOutcome {
+                        description: op.describe(),
+                        error: self.fail.then(|| "refused".to_string()),
+                        hints: Vec::new(),
+                        detail: None,
+                        millis: 0,
+                    }
+                })
+                .collect())
+        }
+    }
+
+    impl Transport for Recorder {
+        fn exec(&self, command: &str, _: &[u8], _: Duration) -> Result<ExecOutput, TransportError> {
+            self.log.lock().unwrap().push(command.to_string());
+            Ok(ExecOutput {
+                status: Some(0),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+            })
+        }
+        fn describe(&self) -> String {
+            "node".into()
+        }
+    }
+
+    fn writer(log: &Arc<Mutex<Vec<String>>>, fail_fetch: bool) -> GuestWithNode {
+        let rec = |fail| Recorder {
+            log: log.clone(),
+            fail,
+        };
+        GuestWithNode::new(
+            Box::new(rec(false)),
+            Some(NodeSide {
+                agent: Box::new(rec(fail_fetch)),
+                node: Arc::new(rec(false)),
+                vmid: 9268,
+            }),
+        )
+    }
+
+    fn ops() -> Vec<Op> {
+        let url = "http://m/NVIDIA-Linux-x86_64-580.159.04.run";
+        vec![
+            Op::Node(NodeOp::PushInstaller {
+                address: "guest.g/gpu_userspace:nvidia".into(),
+                url: url.into(),
+                sha256: "ab".into(),
+            }),
+            Op::Guest(Step::InstallUserspace {
+                url: url.into(),
+                sha256: "ab".into(),
+                version: "580.159.04".into(),
+            }),
+        ]
+    }
+
+    #[test]
+    fn the_node_fetches_and_pushes_before_the_guest_installs_one_outcome_per_op() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let out = writer(&log, false).run(&ops()).unwrap();
+        assert_eq!(out.len(), 2);
+        let log = log.lock().unwrap();
+        assert!(log[0].starts_with("fetch http://m/"), "{log:?}");
+        assert!(
+            log[1].contains(
+                "pct push 9268 /var/cache/provision/nvidia/NVIDIA-Linux-x86_64-580.159.04.run"
+            ),
+            "{log:?}"
+        );
+        assert!(log[2].starts_with("install NVIDIA userspace"), "{log:?}");
+    }
+
+    #[test]
+    fn a_refused_fetch_pushes_nothing_and_runs_nothing_in_the_guest() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let out = writer(&log, true).run(&ops()).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(out[0].error.is_some());
+        assert_eq!(log.lock().unwrap().len(), 1, "only the fetch ran");
+    }
+}
