@@ -740,8 +740,13 @@ fn stand_in_installer(lab: &LabEnv, version: &str) -> (String, String) {
     (format!("{base}/nvidia/{file}"), sha256)
 }
 
+/// The lab node's stand-in module version is one for the whole lab: a test that changes it
+/// and a test that reads it run one after the other.
+static NODE_MODULE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_userspace_follows_a_driver_change_on_the_node() {
+    let _module = NODE_MODULE.lock().unwrap_or_else(|p| p.into_inner());
     let lab = lab();
     let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
     let original = std::fs::read_to_string(&module).expect("the lab node's stand-in module");
@@ -754,6 +759,7 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
     let _gone = cleanup(&cli.lab, 9267);
     let mut ct = cli.ct("pxc-nvidia", 9267, 247);
     ct.userspace = Some(stand_in_installer(&cli.lab, old));
+    let _cached_old = node_cache(&ct.userspace.as_ref().unwrap().1);
     cli.write(&ct, true);
     let plan = cli.expect(&["plan"], 0);
     assert!(plan.contains("gpu_userspace"), "{plan}");
@@ -796,6 +802,7 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
         "{refused}"
     );
     ct.userspace = Some(stand_in_installer(&cli.lab, new));
+    let _cached_new = node_cache(&ct.userspace.as_ref().unwrap().1);
     cli.write(&ct, true);
     let out = cli.expect(&["apply", "--yes"], 0);
     assert!(
@@ -867,13 +874,23 @@ fn loopback_server(file: PathBuf) -> LoopbackServer {
     }
 }
 
-/// Removes a file of the lab node on drop.
+/// Removes a folder of the lab node on drop.
 struct Removed(PathBuf);
 
 impl Drop for Removed {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The node's cache folder of the installer of `sha256` (the lab's node is this host),
+/// removed at the end.
+fn node_cache(sha256: &str) -> Removed {
+    let dir = Removed(PathBuf::from(format!(
+        "/var/cache/provision/nvidia/{sha256}"
+    )));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    dir
 }
 
 impl LoopbackServer {
@@ -884,6 +901,7 @@ impl LoopbackServer {
 
 #[test]
 fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot_reach_it() {
+    let _module = NODE_MODULE.lock().unwrap_or_else(|p| p.into_inner());
     let lab = lab();
     let version = "580.159.04";
     let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
@@ -902,6 +920,10 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     let run = made
         .path()
         .join(format!("NVIDIA-Linux-x86_64-{version}.run"));
+    // Its own checksum: the node's cache is shared with the other tests' installer.
+    let mut text = std::fs::read_to_string(&run).unwrap();
+    text.push_str("# served on the test host's loopback\n");
+    std::fs::write(&run, text).unwrap();
     let sum = Command::new("sha256sum").arg(&run).output().unwrap();
     let sha256 = String::from_utf8_lossy(&sum.stdout)
         .split_whitespace()
@@ -910,11 +932,9 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
         .to_string();
     let server = loopback_server(run);
     // The node's cache (the lab's node is this host); what this test leaves is removed.
-    let cached = PathBuf::from(format!(
-        "/var/cache/provision/nvidia/NVIDIA-Linux-x86_64-{version}.run"
-    ));
-    let _ = std::fs::remove_file(&cached);
-    let _cached_gone = Removed(cached.clone());
+    let cache = node_cache(&sha256);
+    let cached = cache.0.join(format!("NVIDIA-Linux-x86_64-{version}.run"));
+    let _wrong = node_cache(&"0".repeat(64));
     let cli = Cli::new(lab);
     let _gone = cleanup(&cli.lab, 9268);
     let mut ct = cli.ct("pxc-nvrun", 9268, 248);
@@ -945,12 +965,14 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     assert!(!cached.exists(), "a file of another checksum is not kept");
     assert_eq!(
         cli.node(&format!(
-            "ls /var/cache/provision/nvidia/ | grep -c {version} || true"
+            "ls -A /var/cache/provision/nvidia/{} 2>/dev/null | wc -l",
+            "0".repeat(64)
         ))
         .trim(),
-        "0"
+        "0",
+        "no .part is left"
     );
-    let pushed = "ls /var/cache/provision/nvidia/ 2>/dev/null | wc -l";
+    let pushed = "ls -A /var/cache/provision/nvidia/ 2>/dev/null | wc -l";
     assert_eq!(cli.guest(&ct, pushed).trim(), "0", "nothing was pushed in");
     // The container's route to the URL fails: only the node reaches it.
     let port = server

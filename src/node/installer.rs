@@ -55,15 +55,16 @@ impl NodeSide {
             return Ok(outcomes);
         }
         let mut outcome = outcomes.remove(0);
+        let cached = gpu_userspace::node_cached_path(url, sha256);
         let path = gpu_userspace::cached_path(url);
         NodeTransport::new(self.node.clone(), self.vmid)
-            .push_file(&path, &path, 0o700)
+            .push_file(&cached, &path, 0o700)
             .map_err(|e| AccessError::Node {
                 address: address.to_string(),
                 source: Box::new(e.into()),
             })?;
         outcome.description = format!(
-            "{}, then pct push {path} into CT {}",
+            "{}, then pct push {cached} to {path} in CT {}",
             outcome.description, self.vmid
         );
         outcome.millis = started.elapsed().as_millis() as u64;
@@ -209,7 +210,7 @@ mod tests {
             Op::Node(NodeOp::PushInstaller {
                 address: "guest.g/gpu_userspace:nvidia".into(),
                 url: url.into(),
-                sha256: "ab".into(),
+                sha256: "AB".repeat(32),
             }),
             Op::Guest(Step::InstallUserspace {
                 url: url.into(),
@@ -227,9 +228,10 @@ mod tests {
         let log = log.lock().unwrap();
         assert!(log[0].starts_with("fetch http://m/"), "{log:?}");
         assert!(
-            log[1].contains(
-                "pct push 9268 /var/cache/provision/nvidia/NVIDIA-Linux-x86_64-580.159.04.run"
-            ),
+            log[1].contains(&format!(
+                "pct push 9268 /var/cache/provision/nvidia/{}/NVIDIA-Linux-x86_64-580.159.04.run /var/cache/provision/nvidia/NVIDIA-Linux-x86_64-580.159.04.run.provision-push",
+                "ab".repeat(32)
+            )),
             "{log:?}"
         );
         assert!(log[2].starts_with("install NVIDIA userspace"), "{log:?}");

@@ -247,10 +247,19 @@ pub fn file_name(url: &str) -> &str {
         .unwrap_or("installer.run")
 }
 
-/// Where the installer from `url` is kept: on the node in its cache, in the container
-/// where the node pushed it.
+/// Where the node pushes the installer from `url` into the container.
 pub fn cached_path(url: &str) -> String {
     format!("{CACHE_DIR}/{}", file_name(url))
+}
+
+/// Where the node keeps the installer from `url` of `sha256`: one folder per checksum, so
+/// installers of the same name and another checksum never take each other's place.
+pub fn node_cached_path(url: &str, sha256: &str) -> String {
+    format!(
+        "{CACHE_DIR}/{}/{}",
+        sha256.to_ascii_lowercase(),
+        file_name(url)
+    )
 }
 
 /// Checks the installer the node pushed to [`cached_path`] against its sha256 again, runs
@@ -293,13 +302,16 @@ pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> 
     }
 }
 
-/// Has the installer from `url` in the node's cache ([`cached_path`]) with exactly
+/// Has the installer from `url` in the node's cache ([`node_cached_path`]) with exactly
 /// `sha256` (agent side, on the node): a cached file of that checksum is kept as it is;
 /// otherwise it is downloaded to a `.part` file, checked, and only then renamed into place,
 /// so the cache never holds a file of another checksum. Returns whether it downloaded.
 pub fn fetch(url: &str, sha256: &str) -> Result<bool, HostError> {
-    let path = PathBuf::from(cached_path(url));
-    let dir = Path::new(CACHE_DIR);
+    if sha256.len() != 64 || !sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(unexpected(url, format!("`{sha256}` is not a sha256")));
+    }
+    let path = PathBuf::from(node_cached_path(url, sha256));
+    let dir = path.parent().unwrap_or(Path::new(CACHE_DIR));
     std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
     if path.is_file() && crate::host::sha256_file(&path)?.eq_ignore_ascii_case(sha256) {
         return Ok(false);
@@ -314,6 +326,7 @@ pub fn fetch(url: &str, sha256: &str) -> Result<bool, HostError> {
     };
     if !have.eq_ignore_ascii_case(sha256) {
         let _ = std::fs::remove_file(&part);
+        let _ = std::fs::remove_dir(dir);
         return Err(unexpected(
             url,
             format!(
