@@ -38,6 +38,16 @@ pub enum NodeOp {
         /// The wanted lines and which found lines they own.
         spec: PveLinesSpec,
     },
+    /// Has the node fetch NVIDIA's `.run` into its cache (sha256 checked before it is
+    /// kept) and push it into the guest's container, where the guest step installs it.
+    PushInstaller {
+        /// The change's plan address, for messages.
+        address: String,
+        /// Where the node downloads it from.
+        url: String,
+        /// Its sha256.
+        sha256: String,
+    },
 }
 
 /// An operation through a node's Proxmox API.
@@ -89,6 +99,11 @@ impl Op {
             Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
             Op::Node(NodeOp::Lines { address, .. }) => {
                 format!("apply {address} over node SSH (pct set / locked config edit)")
+            }
+            Op::Node(NodeOp::PushInstaller { url, .. }) => {
+                format!(
+                    "fetch {url} on the node (sha256 checked) and pct push it into the container"
+                )
             }
         }
     }

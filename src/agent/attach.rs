@@ -73,8 +73,10 @@ pub fn limit(step: &Step) -> Limit {
         Step::Zfs(_) | Step::NodeUnit { .. } => Limit::Total(min(10)),
         // The installer builds kernel modules.
         Step::InstallDriver { .. } => Limit::Total(min(60)),
-        // A 400 MB download, then the libraries copied (no module built).
-        Step::InstallUserspace { .. } => Limit::Total(min(30)),
+        // A 400 MB download on the node.
+        Step::FetchInstaller { .. } => Limit::Total(min(30)),
+        // The pushed `.run` checked and its libraries copied (no module built).
+        Step::InstallUserspace { .. } => Limit::Total(min(15)),
         // Importing torch and SGLang from a cold disk takes a minute or two.
         Step::ImportCheck(_) => Limit::Total(min(15)),
         Step::Record(_) => Limit::Total(min(5)),

@@ -217,10 +217,32 @@ impl<'a> Connections<'a> {
                     guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
                 let writer = AgentWriter::new(transport, self.binary.clone())
                     .verify_full(self.args.verify_full);
-                Ok(Box::new(match observe {
-                    Some(o) => writer.observe(o),
+                let writer = match &observe {
+                    Some(o) => writer.observe(o.clone()),
                     None => writer,
-                }))
+                };
+                let ops = t.changes.iter().any(
+                    |c| matches!(&c.spec, ResourceSpec::GpuUserspace(u) if u.installer.is_some()),
+                );
+                let Some((node, _, ct)) = guest::find(self.loaded, name).filter(|_| ops) else {
+                    return Ok(Box::new(writer));
+                };
+                // The node fetches the userspace `.run` and pushes it in (its own agent).
+                let session = crate::cli::ssh::node_transport(self.loaded, node, self.args)?;
+                let agent = AgentWriter::new(session.clone(), self.binary.clone());
+                let agent = match observe {
+                    Some(o) => agent.observe(o),
+                    None => agent,
+                };
+                let side = crate::node::installer::NodeSide {
+                    agent: Box::new(agent),
+                    node: session,
+                    vmid: ct.vmid.value as u32,
+                };
+                Ok(Box::new(crate::node::installer::GuestWithNode::new(
+                    Box::new(writer),
+                    Some(side),
+                )))
             }
             Target::Node { node, .. } => {
                 let api = self.node(node)?;

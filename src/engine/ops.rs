@@ -82,6 +82,14 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             }
             Ok(s) => {
                 for mut step in s {
+                    // The node fetches the `.run` and pushes it in before the guest runs it.
+                    if let Step::InstallUserspace { url, sha256, .. } = &step {
+                        ops.push(Op::Node(NodeOp::PushInstaller {
+                            address: c.address.clone(),
+                            url: url.clone(),
+                            sha256: sha256.clone(),
+                        }));
+                    }
                     if let Step::DeployService(d) = &mut step {
                         d.rollback = options.rollback;
                     }

@@ -322,7 +322,7 @@ pub struct GpuUserspace {
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UserspaceInstaller {
-    /// Where the container downloads it from (http or https).
+    /// Where the node downloads it from (http or https) before pushing it into the container.
     pub url: Sp<Text>,
     /// Its sha256, hex; checked before it runs.
     pub sha256: Sp<Text>,

@@ -7,6 +7,7 @@ pub mod config_edit;
 pub mod gpu;
 pub mod gpu_check;
 pub mod host;
+pub mod installer;
 pub mod probe;
 pub mod target;
 

@@ -50,7 +50,12 @@ impl NodeSteps {
     /// Runs one node step; the outcome says what was done.
     fn run(&self, op: &NodeOp) -> Result<OpOutcome, AccessError> {
         let started = Instant::now();
-        let NodeOp::Lines { address, spec } = op;
+        let NodeOp::Lines { address, spec } = op else {
+            return Err(AccessError::Unsupported {
+                target: "a container's config".into(),
+                what: Op::Node(op.clone()).describe(),
+            });
+        };
         let file = ConfigFile::new(&self.config_root, &self.pve_node, &self.lock_dir, spec.vmid);
         let wanted = spec.pairs();
         // The edit is made from what is read just before it; a config changed between
@@ -204,8 +209,9 @@ impl TargetWriter for ContainerTarget {
                     };
                     results.push(node.run(n)?);
                     // The GPU checks after the start are for passthrough lines only.
-                    let NodeOp::Lines { spec, .. } = n;
-                    if spec.label == super::gpu::LABEL {
+                    if let NodeOp::Lines { spec, .. } = n
+                        && spec.label == super::gpu::LABEL
+                    {
                         lines = Some(spec);
                     }
                 }

@@ -4,9 +4,9 @@
 //! version is the node's, read with its GPU facts at plan time, so a driver changed on the
 //! node is drift of every GPU container's userspace until apply installs the new one.
 //!
-//! Two sources: NVIDIA's `.run` installer (downloaded by the agent in the container,
-//! sha256 checked before it runs, run with `--no-kernel-module --silent`: the module is
-//! the node's), or distribution packages pinned to that version. What is there is read
+//! Two sources: NVIDIA's `.run` installer (downloaded by the node into its cache, sha256
+//! checked there before anything is pushed, pushed into the container with `pct push`,
+//! checked again there, run with `--no-kernel-module --silent`: the module is the node's), or distribution packages pinned to that version. What is there is read
 //! the way the loader finds it: the `libcuda.so.1` and `libnvidia-ml.so.1` links in the
 //! system library folders and the file each names (`libcuda.so.<version>`, as both the
 //! `.run` and the packages install it; `tests/fixtures/gpu/h200x2/libs-ls.txt`).
@@ -36,8 +36,9 @@ const LIB_DIRS: &[&str] = &[
 /// Where `nvidia-smi` is installed by the `.run` and by the packages.
 const SMI_PATHS: &[&str] = &["/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi"];
 
-/// Where the agent keeps a downloaded installer until it has run.
-const CACHE_DIR: &str = "/var/cache/provision/nvidia";
+/// Where the node keeps downloaded installers (reused while their checksum matches), and
+/// where it pushes one into the container until it has run there.
+pub const CACHE_DIR: &str = "/var/cache/provision/nvidia";
 
 /// NVIDIA's `.run` and its checksum, with the version its file name says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,7 +160,10 @@ impl Resource for GpuUserspaceSpec {
         d = d.attr(Attribute::new(
             "from",
             match &self.installer {
-                Some(i) => format!("{} (--no-kernel-module)", i.url),
+                Some(i) => format!(
+                    "{} (fetched by the node, pushed in, --no-kernel-module)",
+                    i.url
+                ),
                 None => self.packages.join(" "),
             },
         ));
@@ -235,19 +239,42 @@ pub fn read() -> Option<UserspaceFact> {
     })
 }
 
-/// Downloads the installer, checks its sha256, runs it without the kernel module and
-/// reads back that the libraries and `nvidia-smi` are `version` (agent side).
+/// The installer's file name, as the node caches it and pushes it into the container.
+pub fn file_name(url: &str) -> &str {
+    url.rsplit('/')
+        .next()
+        .filter(|f| !f.is_empty())
+        .unwrap_or("installer.run")
+}
+
+/// Where the node pushes the installer from `url` into the container.
+pub fn cached_path(url: &str) -> String {
+    format!("{CACHE_DIR}/{}", file_name(url))
+}
+
+/// Where the node keeps the installer from `url` of `sha256`: one folder per checksum, so
+/// installers of the same name and another checksum never take each other's place.
+pub fn node_cached_path(url: &str, sha256: &str) -> String {
+    format!(
+        "{CACHE_DIR}/{}/{}",
+        sha256.to_ascii_lowercase(),
+        file_name(url)
+    )
+}
+
+/// Checks the installer the node pushed to [`cached_path`] against its sha256 again, runs
+/// it without the kernel module and reads back that the libraries and `nvidia-smi` are
+/// `version` (agent side, in the container).
 pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> {
-    let file = url.rsplit('/').next().unwrap_or("installer.run");
-    let dir = Path::new(CACHE_DIR);
-    std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
-    let path = dir.join(file);
-    let have = download(url, &path)?;
+    let path = PathBuf::from(cached_path(url));
+    let have = crate::host::sha256_file(&path)?;
     if !have.eq_ignore_ascii_case(sha256) {
         let _ = std::fs::remove_file(&path);
         return Err(unexpected(
-            url,
-            format!("has sha256 {have}, not the inventory's {sha256}: refusing to run it"),
+            &path.display().to_string(),
+            format!(
+                "(pushed by the node from {url}) has sha256 {have}, not the inventory's {sha256}: refusing to run it"
+            ),
         ));
     }
     let result = crate::host::run(
@@ -275,17 +302,52 @@ pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> 
     }
 }
 
-/// Streams `url` into `path` (through a `.part` file renamed at the end); its sha256.
-pub(crate) fn download(url: &str, path: &Path) -> Result<String, HostError> {
+/// Has the installer from `url` in the node's cache ([`node_cached_path`]) with exactly
+/// `sha256` (agent side, on the node): a cached file of that checksum is kept as it is;
+/// otherwise it is downloaded to a `.part` file, checked, and only then renamed into place,
+/// so the cache never holds a file of another checksum. Returns whether it downloaded.
+pub fn fetch(url: &str, sha256: &str) -> Result<bool, HostError> {
+    if sha256.len() != 64 || !sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(unexpected(url, format!("`{sha256}` is not a sha256")));
+    }
+    let path = PathBuf::from(node_cached_path(url, sha256));
+    let dir = path.parent().unwrap_or(Path::new(CACHE_DIR));
+    std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
+    if path.is_file() && crate::host::sha256_file(&path)?.eq_ignore_ascii_case(sha256) {
+        return Ok(false);
+    }
+    let part = PathBuf::from(format!("{}.part", path.display()));
+    let have = match download(url, &part) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = std::fs::remove_file(&part);
+            return Err(e);
+        }
+    };
+    if !have.eq_ignore_ascii_case(sha256) {
+        let _ = std::fs::remove_file(&part);
+        let _ = std::fs::remove_dir(dir);
+        return Err(unexpected(
+            url,
+            format!(
+                "downloaded by the node has sha256 {have}, not the inventory's {sha256}: refusing it (nothing was pushed into the container)"
+            ),
+        ));
+    }
+    std::fs::rename(&part, &path).map_err(HostError::io("rename", &part))?;
+    Ok(true)
+}
+
+/// Streams `url` into `part`, synced; its sha256.
+pub(crate) fn download(url: &str, part: &Path) -> Result<String, HostError> {
     use sha2::{Digest, Sha256};
     crate::hub::install_crypto_provider();
-    let part = PathBuf::from(format!("{}.part", path.display()));
     let fail = |detail: String| unexpected(url, detail);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(e.to_string()))?;
-    let hash = runtime.block_on(async {
+    runtime.block_on(async {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(20))
             .read_timeout(std::time::Duration::from_secs(120))
@@ -296,8 +358,13 @@ pub(crate) fn download(url: &str, path: &Path) -> Result<String, HostError> {
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| fail(format!("cannot download it: {}", error_chain(&e))))?;
-        let mut out = std::fs::File::create(&part).map_err(HostError::io("create", &part))?;
+            .map_err(|e| {
+                fail(format!(
+                    "the node cannot download it: {} (hint: the node fetches the installer and pushes it into the container; give `gpus.userspace.installer.url` a URL the node reaches, e.g. a local mirror of NVIDIA's file)",
+                    error_chain(&e)
+                ))
+            })?;
+        let mut out = std::fs::File::create(part).map_err(HostError::io("create", part))?;
         let mut hasher = Sha256::new();
         while let Some(chunk) = resp
             .chunk()
@@ -305,14 +372,11 @@ pub(crate) fn download(url: &str, path: &Path) -> Result<String, HostError> {
             .map_err(|e| fail(format!("download broke off: {}", error_chain(&e))))?
         {
             hasher.update(&chunk);
-            out.write_all(&chunk)
-                .map_err(HostError::io("write", &part))?;
+            out.write_all(&chunk).map_err(HostError::io("write", part))?;
         }
-        out.sync_all().map_err(HostError::io("sync", &part))?;
+        out.sync_all().map_err(HostError::io("sync", part))?;
         Ok::<_, HostError>(hex::encode(hasher.finalize()))
-    })?;
-    std::fs::rename(&part, path).map_err(HostError::io("rename", &part))?;
-    Ok(hash)
+    })
 }
 
 #[cfg(test)]

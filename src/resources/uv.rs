@@ -215,11 +215,15 @@ pub fn workstation_binary() -> Result<Vec<u8>, UvError> {
         let dir = wheel.parent().expect("the wheel has a folder");
         std::fs::create_dir_all(dir)
             .map_err(|e| fail(&format!("cannot create {}: {e}", dir.display())))?;
-        let got = super::gpu_userspace::download(WHEEL_URL, &wheel).map_err(|e| fail(&e))?;
+        // Into a `.part` renamed once checked: the cache never holds a partial wheel.
+        let part = wheel.with_extension("whl.part");
+        let got = super::gpu_userspace::download(WHEEL_URL, &part).map_err(|e| fail(&e))?;
         if got != WHEEL_SHA256 {
-            let _ = std::fs::remove_file(&wheel);
+            let _ = std::fs::remove_file(&part);
             return Err(fail(&format!("PyPI served a wheel with sha256 {got}")));
         }
+        std::fs::rename(&part, &wheel)
+            .map_err(|e| fail(&format!("cannot rename {}: {e}", part.display())))?;
     }
     let bytes = std::fs::read(&wheel)
         .map_err(|e| fail(&format!("cannot read {}: {e}", wheel.display())))?;

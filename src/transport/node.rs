@@ -75,6 +75,35 @@ impl NodeTransport {
         }
         Ok(())
     }
+
+    /// Copies `src`, a file on the node, to `dest` in the container with `pct push` (mode,
+    /// owner root), atomically as [`NodeTransport::push`] does; `dest`'s folder is made.
+    pub fn push_file(&self, src: &str, dest: &str, mode: u32) -> Result<(), TransportError> {
+        let vmid = self.vmid;
+        let tmp = format!("{dest}.provision-push");
+        let dir = dest.rsplit_once('/').map_or("/", |(d, _)| d);
+        let script = format!(
+            "set -e; pct exec {vmid} -- mkdir -p {dir}; \
+             pct push {vmid} {src} {tmp} --perms {mode:04o} --user 0 --group 0; \
+             pct exec {vmid} -- mv -f {tmp} {dest}",
+            dir = shell_quote(dir),
+            src = shell_quote(src),
+            tmp = shell_quote(&tmp),
+            dest = shell_quote(dest),
+        );
+        let out = self.node.exec(&script, &[], Duration::from_secs(600))?;
+        if !out.success() {
+            return Err(TransportError::Unreachable {
+                target: self.describe(),
+                reason: format!(
+                    "pct push of {src} to {dest} failed (exit {:?}): {}",
+                    out.status,
+                    out.stderr_text().trim()
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Transport for NodeTransport {

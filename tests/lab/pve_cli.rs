@@ -696,8 +696,13 @@ fn stand_in_installer(lab: &LabEnv, version: &str) -> (String, String) {
     (format!("{base}/nvidia/{file}"), sha256)
 }
 
+/// The lab node's stand-in module version is one for the whole lab: a test that changes it
+/// and a test that reads it run one after the other.
+static NODE_MODULE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_userspace_follows_a_driver_change_on_the_node() {
+    let _module = NODE_MODULE.lock().unwrap_or_else(|p| p.into_inner());
     let lab = lab();
     let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
     let original = std::fs::read_to_string(&module).expect("the lab node's stand-in module");
@@ -710,6 +715,7 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
     let _gone = cleanup(&cli.lab, 9267);
     let mut ct = cli.ct("pxc-nvidia", 9267, 247);
     ct.userspace = Some(stand_in_installer(&cli.lab, old));
+    let _cached_old = node_cache(&ct.userspace.as_ref().unwrap().1);
     cli.write(&ct, true);
     let plan = cli.expect(&["plan"], 0);
     assert!(plan.contains("gpu_userspace"), "{plan}");
@@ -752,6 +758,7 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
         "{refused}"
     );
     ct.userspace = Some(stand_in_installer(&cli.lab, new));
+    let _cached_new = node_cache(&ct.userspace.as_ref().unwrap().1);
     cli.write(&ct, true);
     let out = cli.expect(&["apply", "--yes"], 0);
     assert!(
@@ -770,4 +777,207 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
         "ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.159 || true",
     );
     assert_eq!(old_files.trim(), "0", "the earlier installation is removed");
+}
+
+/// A file server on the test host's loopback only: a container's `127.0.0.1` is its own,
+/// so only the node (the lab's node is this host) reaches it. Counts the GETs it answers.
+struct LoopbackServer {
+    url: String,
+    gets: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn loopback_server(file: PathBuf) -> LoopbackServer {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    let gets = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = gets.clone();
+    let wanted = format!("GET /nvidia/{name} ");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = if first.starts_with(&wanted) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = std::fs::read(&file).unwrap();
+                stream
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .and_then(|_| stream.write_all(&body))
+            } else {
+                stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                )
+            };
+        }
+    });
+    LoopbackServer {
+        url: format!("http://127.0.0.1:{port}/nvidia/{name}"),
+        gets,
+    }
+}
+
+/// Removes a folder of the lab node on drop.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The node's cache folder of the installer of `sha256` (the lab's node is this host),
+/// removed at the end.
+fn node_cache(sha256: &str) -> Removed {
+    let dir = Removed(PathBuf::from(format!(
+        "/var/cache/provision/nvidia/{sha256}"
+    )));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    dir
+}
+
+impl LoopbackServer {
+    fn gets(&self) -> usize {
+        self.gets.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot_reach_it() {
+    let _module = NODE_MODULE.lock().unwrap_or_else(|p| p.into_inner());
+    let lab = lab();
+    let version = "580.159.04";
+    let module = Path::new(&lab.vars["LAB_GPU_ROOT"]).join("proc/driver/nvidia/version");
+    let node_module = std::fs::read_to_string(&module).expect("the lab node's stand-in module");
+    assert!(node_module.contains(version), "{node_module}");
+    let made = tempfile::tempdir().unwrap();
+    let status = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/nvidia-userspace/make-run.sh"
+    ))
+    .arg(version)
+    .arg(made.path())
+    .status()
+    .unwrap();
+    assert!(status.success());
+    let run = made
+        .path()
+        .join(format!("NVIDIA-Linux-x86_64-{version}.run"));
+    // Its own checksum: the node's cache is shared with the other tests' installer.
+    let mut text = std::fs::read_to_string(&run).unwrap();
+    text.push_str("# served on the test host's loopback\n");
+    std::fs::write(&run, text).unwrap();
+    let sum = Command::new("sha256sum").arg(&run).output().unwrap();
+    let sha256 = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let server = loopback_server(run);
+    // The node's cache (the lab's node is this host); what this test leaves is removed.
+    let cache = node_cache(&sha256);
+    let cached = cache.0.join(format!("NVIDIA-Linux-x86_64-{version}.run"));
+    let _wrong = node_cache(&"0".repeat(64));
+    let cli = Cli::new(lab);
+    let _gone = cleanup(&cli.lab, 9268);
+    let mut ct = cli.ct("pxc-nvrun", 9268, 248);
+
+    // A URL the node cannot fetch is named as the node's, with the hint.
+    let missing = server.url.replace("/nvidia/", "/missing/");
+    ct.userspace = Some((missing, sha256.clone()));
+    cli.write(&ct, true);
+    let unreachable = cli.expect(&["apply", "--yes"], 1);
+    assert!(
+        unreachable.contains("the node cannot download it")
+            && unreachable.contains("404")
+            && unreachable.contains("a local mirror"),
+        "{unreachable}"
+    );
+    assert_eq!(server.gets(), 0);
+
+    // A wrong sha256 is refused on the node: nothing is kept there, nothing pushed in.
+    ct.userspace = Some((server.url.clone(), "0".repeat(64)));
+    cli.write(&ct, true);
+    let refused = cli.expect(&["apply", "--yes"], 1);
+    assert!(
+        refused.contains(&format!("has sha256 {sha256}, not the inventory's")),
+        "{refused}"
+    );
+    assert!(refused.contains("nothing was pushed"), "{refused}");
+    assert_eq!(server.gets(), 1, "the node downloaded it once");
+    assert!(!cached.exists(), "a file of another checksum is not kept");
+    assert_eq!(
+        cli.node(&format!(
+            "ls -A /var/cache/provision/nvidia/{} 2>/dev/null | wc -l",
+            "0".repeat(64)
+        ))
+        .trim(),
+        "0",
+        "no .part is left"
+    );
+    let pushed = "ls -A /var/cache/provision/nvidia/ 2>/dev/null | wc -l";
+    assert_eq!(cli.guest(&ct, pushed).trim(), "0", "nothing was pushed in");
+    // The container's route to the URL fails: only the node reaches it.
+    let port = server
+        .url
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    assert_eq!(
+        cli.guest(
+            &ct,
+            &format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo reached || echo refused")
+        )
+        .trim(),
+        "refused"
+    );
+
+    // With its sha256, the node fetches it and pushes it in; the container installs it.
+    ct.userspace = Some((server.url.clone(), sha256.clone()));
+    cli.write(&ct, true);
+    let out = cli.expect(&["apply", "--yes"], 0);
+    assert!(out.contains("pct push"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "install NVIDIA userspace {version} without the kernel module"
+        )),
+        "{out}"
+    );
+    assert_eq!(server.gets(), 2);
+    let smi = "nvidia-smi --query-gpu=driver_version --format=csv,noheader; readlink -f /usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    assert_eq!(
+        cli.guest(&ct, smi),
+        format!("{version}\n/usr/lib/x86_64-linux-gnu/libcuda.so.{version}\n")
+    );
+    assert!(cached.is_file(), "the node keeps the verified installer");
+    assert_eq!(
+        cli.guest(&ct, pushed).trim(),
+        "0",
+        "the pushed copy is removed after it ran"
+    );
+    cli.expect(&["check"], 0);
+
+    // The userspace is lost in the container: apply installs it again from the node's
+    // verified copy, without a download.
+    cli.guest(&ct, "rm -f /usr/lib/x86_64-linux-gnu/libcuda.so*");
+    cli.expect(&["check"], 2);
+    cli.expect(&["apply", "--yes"], 0);
+    assert_eq!(server.gets(), 2, "the cached installer is reused");
+    cli.expect(&["check"], 0);
 }

@@ -501,9 +501,18 @@ pub enum Step {
     },
     /// Import the stack's modules in a venv (and compile a C helper); record it.
     ImportCheck(super::import_check::ImportCheckSpec),
-    /// Download NVIDIA's `.run`, check its sha256 and run it without the kernel module.
-    InstallUserspace {
+    /// On the node: have NVIDIA's `.run` in the node's cache with its sha256 (downloaded
+    /// unless a verified copy is there), to be pushed into a container.
+    FetchInstaller {
         /// Where it is downloaded from.
+        url: String,
+        /// Its sha256.
+        sha256: String,
+    },
+    /// In the container: check the `.run` the node pushed against its sha256 again and run
+    /// it without the kernel module.
+    InstallUserspace {
+        /// Where the node downloaded it from (names the pushed file).
         url: String,
         /// Its sha256.
         sha256: String,
@@ -591,8 +600,8 @@ impl Step {
                     ""
                 }
             ),
-            Step::InstallUserspace { version, url, .. } => {
-                format!("install NVIDIA userspace {version} without the kernel module ({url})")
+            Step::FetchInstaller { url, .. } => {
+                format!("fetch {url} into the node's cache (sha256 checked)")
             }
             Step::Record(r) => format!(
                 "record {} managed thing(s) in the agent's {}",
@@ -620,6 +629,10 @@ impl Step {
                     .map(|s| s.unit.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
+            ),
+            Step::InstallUserspace { version, url, .. } => format!(
+                "install NVIDIA userspace {version} without the kernel module ({} pushed by the node)",
+                gpu_userspace::file_name(url)
             ),
             Step::DeployService(d) => format!(
                 "deploy {}{}",
@@ -701,6 +714,7 @@ impl Step {
                 sha256,
                 version,
             } => gpu_userspace::install(url, sha256, version),
+            Step::FetchInstaller { url, sha256 } => gpu_userspace::fetch(url, sha256).map(|_| ()),
             Step::CreateVenv {
                 path,
                 python,
