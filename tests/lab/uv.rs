@@ -102,17 +102,23 @@ fn uv_builds_the_ml_env_offline_with_sglang_editable_and_checks_clean() {
     let (out, err) = expect(&g, &["apply", "--yes"], cache, 0);
     assert!(out.contains("Apply complete"), "{out}\n{err}");
     assert!(
-        err.contains("uv venv --python python3.11 /opt/ml-env"),
+        // Built beside, at its generation's own folder (the stable path links to it).
+        err.contains("uv venv --python python3.11 /opt/.provision-generations/ml-env-"),
         "{err}"
     );
     assert!(
-        err.contains("uv pip install -e /root/sglang-main/python"),
+        err.contains("uv pip install -e /root/.provision-generations/sglang-main-"),
         "{err}"
     );
     // uv made the venv (it has no pip) and took the local builds for `==1.0`.
     let cfg = g.sh("cat /opt/ml-env/pyvenv.cfg");
     assert!(cfg.contains("uv = 0.13.9"), "{cfg}");
-    assert!(!root.join("opt/ml-env/bin/pip").exists());
+    // In the container: /opt/ml-env is a symlink whose target is a path inside it.
+    assert_eq!(
+        g.sh("test -e /opt/ml-env/bin/pip && echo pip || echo none")
+            .trim(),
+        "none"
+    );
     let version = |m: &str| {
         g.sh(&format!(
             "/opt/ml-env/bin/python -c 'import {m}; print({m}.__version__)'"
@@ -123,9 +129,11 @@ fn uv_builds_the_ml_env_offline_with_sglang_editable_and_checks_clean() {
     assert_eq!(version("demo_pkg"), "1.0+cu130");
     assert_eq!(version("demo_kernel"), "1.0+cu130");
     let file = g.sh("/opt/ml-env/bin/python -c 'import sglang; print(sglang.__file__)'");
+    let checkout = g.sh("readlink -f /root/sglang-main");
     assert!(
-        file.trim().starts_with("/root/sglang-main/python/"),
-        "editable, from the checkout: {file}"
+        file.trim()
+            .starts_with(&format!("{}/python/", checkout.trim())),
+        "editable, from the checkout /root/sglang-main links to ({checkout}): {file}"
     );
 
     expect(&g, &["check"], cache, 0);
