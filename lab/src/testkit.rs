@@ -408,8 +408,11 @@ impl TestContainer {
             "LogLevel=ERROR",
             "-o",
             "BatchMode=yes",
+            // It bounds the banner exchange too: a fresh container's sshd on two loaded
+            // cores took more than 5 s to send it in CI (a flaky
+            // `unprivileged_bind_mount_shows_host_root_as_nobody`); 30 s is far above it.
             "-o",
-            "ConnectTimeout=5",
+            "ConnectTimeout=30",
             &format!("root@{}", self.ip),
         ]
         .iter()
