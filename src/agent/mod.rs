@@ -20,7 +20,7 @@ use crate::resources::wire::{Answer, Event, PROTOCOL_VERSION, Request, answer};
 /// request on stdin; `agent --run DIR` is the detached apply `run::start` began. Shared by
 /// `provision agent` and the agent's own build.
 pub fn main(run: Option<&Path>) -> anyhow::Result<()> {
-    crate::host::set_state_dir(run::state_dir());
+    crate::machine::set_state_dir(run::state_dir());
     if let Some(dir) = run {
         run::runner(dir)?;
         return Ok(());

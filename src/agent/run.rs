@@ -432,7 +432,7 @@ pub fn stop(run: &str, now: bool) -> Result<Event, RunError> {
     })
 }
 
-pub use crate::host::utc_now;
+pub use crate::machine::utc_now;
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@ use super::targets::{Connections, TargetArgs};
 use super::{ExitStatus, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
-use crate::engine::online;
+use crate::engine::reconcile;
 use crate::plan::{FORMAT_VERSION, Plan};
 use crate::printer::Printer;
 
@@ -138,9 +138,9 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let conns = Connections::new(&loaded, &target_args, binary, printer);
     // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
     let display = super::progress::Display::new(printer, args.json);
-    let applied = online::apply(
+    let applied = reconcile::apply(
         &plan,
-        online::ApplyOptions {
+        reconcile::ApplyOptions {
             rollback: !args.no_rollback,
             allow_replace: args.allow_replace,
             install_driver: args.install_driver,
@@ -255,7 +255,7 @@ fn saved_plan(path: &Path) -> anyhow::Result<Option<Plan>> {
 fn print_report(
     plan: &Plan,
     applied: bool,
-    outcomes: &[online::TargetOutcome],
+    outcomes: &[reconcile::TargetOutcome],
     printer: &Printer,
 ) -> anyhow::Result<()> {
     let report = serde_json::json!({

@@ -17,7 +17,7 @@ use crate::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};
 use crate::printer::Printer;
 use crate::render::context::guest_host;
 use crate::transport::Transport;
-use crate::transport::node::NodeTransport;
+use crate::transport::pct::PctTransport;
 
 /// How long a started container may take to boot and answer SSH after bootstrap.
 const SSH_DEADLINE: Duration = Duration::from_secs(120);
@@ -90,7 +90,7 @@ pub fn plan_read(
                     first_line(&e)
                 ));
                 let node_t = node_transport(loaded, node_name, args)?;
-                Ok(GuestRead::Node(Arc::new(NodeTransport::new(
+                Ok(GuestRead::Node(Arc::new(PctTransport::new(
                     node_t,
                     vmid as u32,
                 ))))
@@ -105,20 +105,20 @@ fn first_line(e: &anyhow::Error) -> String {
 }
 
 /// The SSH connection to guest `name` for apply: when provision has just created the
-/// container (`fresh`), or SSH does not answer, the guest is bootstrapped through its
+/// container (`created`), or SSH does not answer, the guest is bootstrapped through its
 /// node first (sshd and keys where missing, host keys recorded from the node), then SSH
 /// takes over, retried while the container boots.
 pub fn apply_connect(
     loaded: &Loaded,
     name: &str,
-    fresh: bool,
+    created: bool,
     args: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<Arc<dyn Transport>> {
     let Some((node_name, node, ct)) = find(loaded, name) else {
         return guest_transport(loaded, name, args);
     };
-    let first = if fresh {
+    let first = if created {
         None
     } else {
         match guest_transport(loaded, name, args) {
@@ -136,7 +136,7 @@ pub fn apply_connect(
     let known_hosts = known_hosts_path(args)?;
     let vmid = ct.vmid.value;
     let started = Instant::now();
-    let ctt = NodeTransport::new(node_transport(loaded, node_name, args)?, vmid as u32);
+    let ctt = PctTransport::new(node_transport(loaded, node_name, args)?, vmid as u32);
     // sshd is enabled by the template's systemd; wait for it to finish booting so
     // bootstrap sees the real state (and `systemctl` answers at all).
     let _ = ctt.exec(
@@ -154,7 +154,7 @@ pub fn apply_connect(
         authorized_keys,
         apt_sources: Vec::new(),
     };
-    let trust = if fresh {
+    let trust = if created {
         HostKeyTrust::Recreated
     } else {
         HostKeyTrust::Existing

@@ -11,7 +11,7 @@ use super::targets::{TargetArgs, select};
 use super::{ExitStatus, Prepared, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
-use crate::engine::online;
+use crate::engine::reconcile;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
 use crate::timing;
@@ -43,7 +43,7 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
     let read = if args.offline {
         let desired = select(prepared.desired, &args.targets)?;
-        online::PartialPlan {
+        reconcile::PartialPlan {
             plan: offline_plan(&args.inventory.display().to_string(), &desired),
             failures: Vec::new(),
         }
@@ -94,7 +94,7 @@ pub fn read_targets(
     prepared: Prepared,
     targets: &TargetArgs,
     printer: &Printer,
-) -> anyhow::Result<online::PartialPlan> {
+) -> anyhow::Result<reconcile::PartialPlan> {
     if targets.migrate {
         return Err(crate::diagnostic::Diagnostic::new(
             "--migrate: moving a container between the nodes of a cluster is not built yet; nothing was read or changed",
@@ -110,7 +110,7 @@ pub fn read_targets(
     let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
     let conns = ReadSession::new(&prepared.loaded, targets, binary, printer);
     conns.warn_insecure();
-    let read = online::plan(
+    let read = reconcile::plan(
         inventory,
         &desired,
         targets.verify_full,
@@ -154,7 +154,11 @@ fn save_plan(plan: &Plan, path: &Path) -> anyhow::Result<()> {
 
 /// Prints the plan of the targets read; when some could not be, "no changes" is not
 /// claimed for them (the error that follows names them).
-pub fn print_read(read: &online::PartialPlan, json: bool, printer: &Printer) -> anyhow::Result<()> {
+pub fn print_read(
+    read: &reconcile::PartialPlan,
+    json: bool,
+    printer: &Printer,
+) -> anyhow::Result<()> {
     if read.failures.is_empty() || json || read.plan.summary.has_changes() {
         return print_plan(&read.plan, json, printer);
     }

@@ -15,7 +15,7 @@ use crate::agent::client::{AgentBinary, AgentReader};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
-use crate::node::host::NodeReader;
+use crate::node::access::NodeReader;
 use crate::plan::Target;
 use crate::printer::Printer;
 use crate::proxmox::{ApiReader, ApiSettings};

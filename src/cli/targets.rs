@@ -18,7 +18,7 @@ use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::engine::schedule::{self, Limits};
 use crate::inventory::Loaded;
-use crate::node::host::NodeWriter;
+use crate::node::access::NodeWriter;
 use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
 use crate::plan::Action;
 use crate::plan::{Target, TargetPlan};
@@ -129,7 +129,7 @@ pub struct Connections<'a> {
     nodes: NodeSlots<NodeApi>,
     /// Containers this apply creates or replaces: their guests are bootstrapped and
     /// their new host keys trusted.
-    fresh: Mutex<BTreeSet<u64>>,
+    created: Mutex<BTreeSet<u64>>,
 }
 
 impl<'a> Connections<'a> {
@@ -146,7 +146,7 @@ impl<'a> Connections<'a> {
             binary,
             printer,
             nodes: NodeSlots::default(),
-            fresh: Mutex::new(BTreeSet::new()),
+            created: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -170,7 +170,7 @@ impl<'a> Connections<'a> {
                     matches!(c.spec, ResourceSpec::Container(_))
                         && matches!(c.action, Action::Create | Action::Replace)
                 }) {
-                    self.fresh
+                    self.created
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(*vmid);
@@ -207,14 +207,14 @@ impl<'a> Connections<'a> {
                 Ok(Box::new(ContainerTarget::new(api, steps, restart)))
             }
             Target::Guest { name, .. } => {
-                let fresh = guest::find(self.loaded, name).is_some_and(|(_, _, ct)| {
-                    self.fresh
+                let created = guest::find(self.loaded, name).is_some_and(|(_, _, ct)| {
+                    self.created
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .contains(&ct.vmid.value)
                 });
                 let transport =
-                    guest::apply_connect(self.loaded, name, fresh, self.args, self.printer)?;
+                    guest::apply_connect(self.loaded, name, created, self.args, self.printer)?;
                 let writer = AgentWriter::new(transport, self.binary.clone())
                     .verify_full(self.args.verify_full);
                 let writer = match &observe {

@@ -56,7 +56,11 @@ pub fn desired_state(
     let mut errors = Vec::new();
     let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
     for (node_name, node) in &loaded.inventory.nodes {
-        targets.extend(super::host::node_target(node_name.as_str(), node, &root));
+        targets.extend(super::node_desired::node_target(
+            node_name.as_str(),
+            node,
+            &root,
+        ));
         let view = gpu_view(node_name.as_str());
         for (ct_name, ct) in &node.containers {
             let services = build_all(ct, &loaded.path);

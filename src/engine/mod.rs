@@ -2,11 +2,11 @@
 //! batched per target ([`facts`]), and the diff that makes the [`Plan`].
 
 pub mod desired;
+pub mod empty_guest;
 pub mod error;
-pub mod fresh;
-pub mod host;
-pub mod online;
+pub mod node_desired;
 pub mod ops;
+pub mod reconcile;
 pub mod removal;
 pub mod schedule;
 

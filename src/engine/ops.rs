@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::online::ApplyOptions;
+use super::reconcile::ApplyOptions;
 use crate::access::{ApiOp, NodeOp, Op};
 use crate::plan::{Change, Target, TargetPlan};
 use crate::resources::ResourceSpec;

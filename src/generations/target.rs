@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{Gate, Generation, Record};
 use super::{GENERATIONS_DIR, KEEP, RECORD};
-use crate::host::{HostError, write_file_atomic};
+use crate::machine::{HostError, write_file_atomic};
 
 /// What is at a stable path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -52,7 +52,7 @@ fn journal_after(unit: &str, cursor: &Option<String>) -> (Vec<String>, Option<St
 /// `systemctl show` for a few properties.
 pub fn unit_properties(unit: &str, props: &[&str]) -> BTreeMap<String, String> {
     // Unreadable reads as unknown: the watch judges from what it can see.
-    crate::host::systemctl_show(unit, props).unwrap_or_default()
+    crate::machine::systemctl_show(unit, props).unwrap_or_default()
 }
 
 fn port_open(port: u16) -> bool {

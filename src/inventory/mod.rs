@@ -4,9 +4,9 @@
 pub mod apt;
 pub mod container;
 pub mod env;
-pub mod host;
 pub mod load;
 pub mod node;
+pub mod node_setup;
 pub mod secret;
 pub mod service;
 pub mod setting;

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::container::Container;
-use super::host::{ModelStorage, NvidiaHost, TemplateSource};
+use super::node_setup::{ModelStorage, NvidiaHost, TemplateSource};
 use super::secret::SecretRef;
 use super::setting::Setting;
 use super::spanned::Sp;

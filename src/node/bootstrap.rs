@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeError, tail};
 use crate::transport::Transport;
-use crate::transport::node::NodeTransport;
+use crate::transport::pct::PctTransport;
 use crate::transport::ssh::known_hosts::{self, HostKeyStatus, KnownHosts};
 
 /// The package that provides sshd in Debian-family templates.
@@ -112,7 +112,7 @@ fn key_id(line: &str) -> Option<(&str, &str)> {
 const MARK: &str = "@@provision-bootstrap";
 
 /// Reads what bootstrap needs to know, in one round trip through the node.
-pub fn read(ct: &NodeTransport, spec: &BootstrapSpec) -> Result<BootstrapState, NodeError> {
+pub fn read(ct: &PctTransport, spec: &BootstrapSpec) -> Result<BootstrapState, NodeError> {
     let script = format!(
         "if command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; then echo sshd=yes; else echo sshd=no; fi; \
          if systemctl is-active --quiet ssh.service 2>/dev/null; then echo active=yes; else echo active=no; fi; \
@@ -166,7 +166,7 @@ fn parse_state(text: &str, spec: &BootstrapSpec) -> BootstrapState {
 }
 
 fn run_checked(
-    ct: &NodeTransport,
+    ct: &PctTransport,
     what: &str,
     script: &str,
     timeout: Duration,
@@ -186,7 +186,7 @@ fn run_checked(
 
 /// Brings the container to the point where SSH can take over, then reads back that it
 /// is there: sshd installed and running, every key authorised, host keys present.
-pub fn run(ct: &NodeTransport, spec: &BootstrapSpec) -> Result<BootstrapReport, NodeError> {
+pub fn run(ct: &PctTransport, spec: &BootstrapSpec) -> Result<BootstrapReport, NodeError> {
     let state = read(ct, spec)?;
     let mut done = Vec::new();
     if !state.sshd_installed {
@@ -275,7 +275,7 @@ pub struct GuestEntry<'a> {
 /// The whole hand-over from the node to SSH: bootstrap the container through the node,
 /// then record its host keys for `guest` (see [`HostKeyTrust`]).
 pub fn hand_over(
-    ct: &NodeTransport,
+    ct: &PctTransport,
     spec: &BootstrapSpec,
     guest: GuestEntry<'_>,
     trust: HostKeyTrust,

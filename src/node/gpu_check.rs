@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::NodeError;
 use super::gpu::NodeGpus;
 use crate::resources::pve_lines::{PveLinesSpec, is_dev_key};
-use crate::transport::node::NodeTransport;
+use crate::transport::pct::PctTransport;
 use crate::transport::{Transport, shell_quote};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -78,7 +78,7 @@ pub fn check(
          if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n1; else echo absent; fi",
         extra.join(" ")
     );
-    let ct = NodeTransport::new(node, vmid as u32);
+    let ct = PctTransport::new(node, vmid as u32);
     let out = ct.exec(&script, &[], TIMEOUT)?;
     if !out.success() {
         return Err(NodeError::Command {

@@ -11,7 +11,7 @@ use crate::access::{AccessError, NodeOp, Op, OpOutcome, TargetReader, TargetWrit
 use crate::resources::gpu_userspace;
 use crate::resources::wire::{Facts, Probe, Step};
 use crate::transport::Transport;
-use crate::transport::node::NodeTransport;
+use crate::transport::pct::PctTransport;
 
 /// The node side of a guest's apply: its agent on the node and `pct push` into `vmid`.
 pub struct NodeSide {
@@ -57,7 +57,7 @@ impl NodeSide {
         let mut outcome = outcomes.remove(0);
         let cached = gpu_userspace::node_cached_path(url, sha256);
         let path = gpu_userspace::cached_path(url);
-        NodeTransport::new(self.node.clone(), self.vmid)
+        PctTransport::new(self.node.clone(), self.vmid)
             .push_file(&cached, &path, 0o700)
             .map_err(|e| AccessError::Node {
                 address: address.to_string(),

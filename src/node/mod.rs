@@ -2,11 +2,11 @@
 //! through `pct` before it answers SSH, root-only edits of its config under Proxmox's
 //! config lock, and GPU passthrough lines from the node's live GPU facts.
 
+pub mod access;
 pub mod bootstrap;
 pub mod config_edit;
 pub mod gpu;
 pub mod gpu_check;
-pub mod host;
 pub mod installer;
 pub mod probe;
 pub mod target;

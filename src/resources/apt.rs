@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages to have installed: `name` or `name=version`.
@@ -138,11 +138,12 @@ pub fn install(packages: &[String]) -> Result<(), HostError> {
     args.extend(packages.iter().cloned());
     // Try with the lists as they are first; refresh them only when that fails, so a
     // converged host does not hit its mirror on every apply.
-    if crate::host::run("apt-get", &args, &env).is_ok() {
+    if crate::machine::run("apt-get", &args, &env).is_ok() {
         return Ok(());
     }
-    crate::host::run("apt-get", &["update".into(), "-q".into()], &env).map_err(signature_hint)?;
-    crate::host::run("apt-get", &args, &env)
+    crate::machine::run("apt-get", &["update".into(), "-q".into()], &env)
+        .map_err(signature_hint)?;
+    crate::machine::run("apt-get", &args, &env)
 }
 
 /// apt's own words are kept; when they say a repository's signature did not verify, a

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::file::PathKind;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError, mode_text, owner_mode_changes};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A directory's desired state.
@@ -72,5 +72,5 @@ impl Resource for DirectorySpec {
 /// Makes a directory (and its parents) with owner and mode.
 pub fn mkdir(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), HostError> {
     fs::create_dir_all(path).map_err(HostError::io("create", path))?;
-    crate::host::set_owner_mode(path, owner, group, mode)
+    crate::machine::set_owner_mode(path, owner, group, mode)
 }

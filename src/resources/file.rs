@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError, mode_text, owner_mode_changes, unified_diff};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A file's desired state.
@@ -167,7 +167,7 @@ fn read_path(path: &Path, hash: bool) -> Result<Option<PathFact>, HostError> {
     } else {
         PathKind::Other
     };
-    let (users, groups) = crate::host::id_names();
+    let (users, groups) = crate::machine::id_names();
     let name =
         |map: &BTreeMap<u32, String>, id: u32| map.get(&id).cloned().unwrap_or(id.to_string());
     let mut fact = PathFact {

@@ -35,7 +35,7 @@ pub struct GenerationFact {
 }
 
 /// Reads what `stables` are on this machine.
-pub fn read(stables: &[String]) -> Result<GenerationFact, crate::host::HostError> {
+pub fn read(stables: &[String]) -> Result<GenerationFact, crate::machine::HostError> {
     let states: BTreeMap<String, LinkState> = stables
         .iter()
         .map(|s| (s.clone(), crate::generations::target::state(s)))
@@ -155,8 +155,8 @@ pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
 }
 
 /// Runs [`Step::SwitchGeneration`] on the target.
-pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::host::HostError> {
-    for note in crate::generations::target::switch(links, crate::host::utc_now())? {
+pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::machine::HostError> {
+    for note in crate::generations::target::switch(links, crate::machine::utc_now())? {
         crate::progress::line(&note);
     }
     Ok(())

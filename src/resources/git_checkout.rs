@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A checkout's desired state.
@@ -102,7 +102,9 @@ pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
     let run = |args: &[&str]| -> Result<String, HostError> {
         let mut full = vec!["-C".to_string(), path.display().to_string()];
         full.extend(args.iter().map(|s| s.to_string()));
-        Ok(crate::host::output("git", &full, &[])?.trim().to_string())
+        Ok(crate::machine::output("git", &full, &[])?
+            .trim()
+            .to_string())
     };
     let head = run(&["rev-parse", "HEAD"])?;
     let origin = run(&["config", "--get", "remote.origin.url"]).ok();
@@ -137,7 +139,7 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError>
     let git = |args: &[&str]| -> Result<(), HostError> {
         let mut full = vec!["-C".to_string(), path.to_string()];
         full.extend(args.iter().map(|s| s.to_string()));
-        crate::host::run("git", &full, &[])
+        crate::machine::run("git", &full, &[])
     };
     let io = |action, p: &str| {
         let path = Path::new(p).to_path_buf();
@@ -155,7 +157,7 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError>
         if Path::new(&tmp).exists() {
             std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
         }
-        crate::host::run(
+        crate::machine::run(
             "git",
             &[
                 "clone".into(),

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use super::nvidia_host::unexpected;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
 use crate::hub::{client_error, error_chain};
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The folders the loader searches for the driver's libraries on Debian, Ubuntu and
@@ -267,7 +267,7 @@ pub fn node_cached_path(url: &str, sha256: &str) -> String {
 /// `version` (agent side, in the container).
 pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> {
     let path = PathBuf::from(cached_path(url));
-    let have = crate::host::sha256_file(&path)?;
+    let have = crate::machine::sha256_file(&path)?;
     if !have.eq_ignore_ascii_case(sha256) {
         let _ = std::fs::remove_file(&path);
         return Err(unexpected(
@@ -277,7 +277,7 @@ pub fn install(url: &str, sha256: &str, version: &str) -> Result<(), HostError> 
             ),
         ));
     }
-    let result = crate::host::run(
+    let result = crate::machine::run(
         "sh",
         &[
             path.display().to_string(),
@@ -313,7 +313,7 @@ pub fn fetch(url: &str, sha256: &str) -> Result<bool, HostError> {
     let path = PathBuf::from(node_cached_path(url, sha256));
     let dir = path.parent().unwrap_or(Path::new(CACHE_DIR));
     std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
-    if path.is_file() && crate::host::sha256_file(&path)?.eq_ignore_ascii_case(sha256) {
+    if path.is_file() && crate::machine::sha256_file(&path)?.eq_ignore_ascii_case(sha256) {
         return Ok(false);
     }
     let part = PathBuf::from(format!("{}.part", path.display()));

@@ -144,7 +144,7 @@ impl Resource for ImportCheckSpec {
 pub fn run(spec: &ImportCheckSpec) -> Result<(), StepError> {
     let python = format!("{}/bin/python", spec.venv.trim_end_matches('/'));
     let modules = serde_json::to_string(&spec.modules).unwrap_or_default();
-    let out = crate::host::output(
+    let out = crate::machine::output(
         &python,
         &[
             "-c".into(),
@@ -193,7 +193,7 @@ pub fn run(spec: &ImportCheckSpec) -> Result<(), StepError> {
         super::apt::packages(&spec.packages)?
     };
     let digest = spec.digest(&venv, &packages);
-    crate::host::write_file_atomic(
+    crate::machine::write_file_atomic(
         Path::new(&spec.marker()),
         format!("{digest}\n").as_bytes(),
         "root",

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step, StepError};
 use super::{Delta, Resource, ResourceSpec, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The record's file in the agent's state folder (`/var/lib/provision/managed.json` on a
@@ -23,7 +23,7 @@ use crate::plan::{Action, Attribute, Change};
 pub const RECORD_FILE: &str = "managed.json";
 
 fn record_path() -> std::path::PathBuf {
-    crate::host::state_dir().join(RECORD_FILE)
+    crate::machine::state_dir().join(RECORD_FILE)
 }
 
 /// The record's format version, bumped on any change another version would read differently.
@@ -297,10 +297,10 @@ pub fn read() -> Result<Option<Record>, HostError> {
         })
 }
 
-/// Writes the record atomically (read back by [`crate::host::write_file_atomic`]).
+/// Writes the record atomically (read back by [`crate::machine::write_file_atomic`]).
 pub fn write(record: &Record) -> Result<(), StepError> {
     let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
-    crate::host::write_file_atomic(&record_path(), text.as_bytes(), "root", "root", 0o600)?;
+    crate::machine::write_file_atomic(&record_path(), text.as_bytes(), "root", "root", 0o600)?;
     Ok(())
 }
 
@@ -327,12 +327,13 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
         Entry::Service { unit } => {
             // `disable --now` stops it and removes its links, so a reboot does not bring
             // it back; a failed unit is forgotten so nothing reports it later.
-            crate::host::output(
+            crate::machine::output(
                 "systemctl",
                 &["disable".into(), "--now".into(), unit.clone()],
                 &[],
             )?;
-            let _ = crate::host::output("systemctl", &["reset-failed".into(), unit.clone()], &[]);
+            let _ =
+                crate::machine::output("systemctl", &["reset-failed".into(), unit.clone()], &[]);
         }
         Entry::File { path, sha256 } => {
             let p = Path::new(path);
@@ -354,7 +355,7 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
             }
             // A unit file gone: systemd forgets the unit.
             if path.starts_with("/etc/systemd/") {
-                crate::host::output("systemctl", &["daemon-reload".into()], &[])?;
+                crate::machine::output("systemctl", &["daemon-reload".into()], &[])?;
             }
         }
         Entry::Model { path, .. } => {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::file::PathKind;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The attribute that carries a conflict: apply refuses a change that has one.
@@ -404,7 +404,7 @@ impl ZfsStep {
                 }
             }
             let words: Vec<String> = c.split(' ').map(str::to_string).collect();
-            crate::host::run(&words[0], &words[1..], &[])?;
+            crate::machine::run(&words[0], &words[1..], &[])?;
         }
         let after = read(Path::new(&self.path), Some(&self.spec.dataset), &names)?;
         let left = zfs_commands(&self.spec, &self.path, after.as_ref())?;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The unit that creates the UVM device nodes at boot.
@@ -318,7 +318,7 @@ pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), H
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(HostError::io("create", dir))?;
         }
-        crate::host::write_file_atomic(&path, content.as_bytes(), "root", "root", 0o644)?;
+        crate::machine::write_file_atomic(&path, content.as_bytes(), "root", "root", 0o644)?;
     }
     let file = unit_file(root, unit).ok_or_else(|| {
         unexpected(
@@ -353,8 +353,8 @@ pub fn setup_unit(root: &str, unit: &str, content: Option<&str>) -> Result<(), H
             .map_err(HostError::io("link", &link))?;
     }
     if root.is_empty() {
-        crate::host::run("systemctl", &["daemon-reload".into()], &[])?;
-        crate::host::run("systemctl", &["start".into(), unit.into()], &[])?;
+        crate::machine::run("systemctl", &["daemon-reload".into()], &[])?;
+        crate::machine::run("systemctl", &["start".into(), unit.into()], &[])?;
     }
     let fact = read(root)?.unwrap_or_else(|| unreachable!("read always answers"));
     let ok = if unit == UVM_UNIT {
@@ -385,14 +385,14 @@ pub fn install_driver(
             format!("is a stand-in ({root}): a driver cannot be installed there"),
         ));
     }
-    let have = crate::host::sha256_file(Path::new(path))?;
+    let have = crate::machine::sha256_file(Path::new(path))?;
     if !have.eq_ignore_ascii_case(sha256) {
         return Err(unexpected(
             path,
             format!("has sha256 {have}, not the inventory's {sha256}: refusing to run it"),
         ));
     }
-    crate::host::run(
+    crate::machine::run(
         "sh",
         &[path.into(), "--silent".into(), "--dkms".into()],
         &[],

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// Packages' desired state.
@@ -260,7 +260,7 @@ pub fn install(
 ) -> Result<(), HostError> {
     if let Some(uv) = uv {
         let args = super::uv::install_args(venv, requirements, editable, index);
-        return crate::host::run(uv, &args, &[]);
+        return crate::machine::run(uv, &args, &[]);
     }
     let mut args: Vec<String> = vec![
         "install".into(),
@@ -273,7 +273,7 @@ pub fn install(
         args.push("-e".into());
     }
     args.extend(requirements.iter().cloned());
-    crate::host::run(&format!("{venv}/bin/pip"), &args, &[])
+    crate::machine::run(&format!("{venv}/bin/pip"), &args, &[])
 }
 
 #[cfg(test)]

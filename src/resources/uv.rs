@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::pip_packages::PipIndex;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The pinned uv release.
@@ -187,7 +187,7 @@ impl Tool {
                 self.sha256
             )));
         }
-        crate::host::write_file_atomic(
+        crate::machine::write_file_atomic(
             std::path::Path::new(&self.path),
             &binary,
             "root",

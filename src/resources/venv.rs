@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
 use crate::inventory::software::normalize_package_name;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// A venv's desired state.
@@ -198,9 +198,9 @@ pub fn create(path: &str, python: &str, replace: bool, uv: Option<&str>) -> Resu
         fs::remove_dir_all(path).map_err(HostError::io("remove the old venv", Path::new(path)))?;
     }
     if let Some(uv) = uv {
-        return crate::host::run(uv, &super::uv::venv_args(path, python), &[]);
+        return crate::machine::run(uv, &super::uv::venv_args(path, python), &[]);
     }
-    crate::host::run(
+    crate::machine::run(
         &format!("python{python}"),
         &["-m".into(), "venv".into(), path.to_string()],
         &[],

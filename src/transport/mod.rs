@@ -3,7 +3,7 @@
 //! the node before the guest has SSH.
 
 pub mod local;
-pub mod node;
+pub mod pct;
 pub mod quote;
 #[cfg(feature = "cli")]
 pub mod ssh;

@@ -24,7 +24,7 @@ use provision::node::gpu::{self as node_gpu, NodeGpus};
 use provision::resources::pve_lines::PveLinesSpec;
 use provision::resources::wire::{Fact, Facts, Probe};
 use provision::resources::{Resource, ResourceSpec};
-use provision::transport::node::NodeTransport;
+use provision::transport::pct::PctTransport;
 use provision::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 use provision::transport::{Transport, TransportError};
 use provision_lab::testkit::ContainerSpec;
@@ -91,7 +91,7 @@ fn sh(t: &dyn Transport, cmd: &str) -> String {
 fn commands_files_and_the_agent_go_through_the_node() {
     let g = Guest::new("node-exec");
     let node = node_ssh(&g);
-    let ct = NodeTransport::new(node.clone(), g.ct.vmid);
+    let ct = PctTransport::new(node.clone(), g.ct.vmid);
     // Inside the container: its own hostname, stdin reaches the command, exit codes pass.
     assert_eq!(sh(&ct, "hostname").trim(), format!("ct{}", g.ct.vmid));
     let started = std::time::Instant::now();
@@ -119,7 +119,7 @@ fn commands_files_and_the_agent_go_through_the_node() {
     );
     // The agent is pushed and answers through the node, as in a container without sshd.
     let agent = AgentReader::new(
-        Arc::new(NodeTransport::new(node.clone(), g.ct.vmid)),
+        Arc::new(PctTransport::new(node.clone(), g.ct.vmid)),
         Arc::new(AgentBinary::current().unwrap()),
     );
     let probe = Probe::Path {
@@ -131,7 +131,7 @@ fn commands_files_and_the_agent_go_through_the_node() {
         other => panic!("unexpected fact {other:?}"),
     }
     // A stopped container is an error of the transport, never an empty answer.
-    let missing = NodeTransport::new(node, 9099);
+    let missing = PctTransport::new(node, 9099);
     match missing.exec("true", &[], T) {
         Err(TransportError::Unreachable { reason, .. }) => {
             assert!(reason.contains("does not exist"), "{reason}")
@@ -170,7 +170,7 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
         },
     );
     let node = node_ssh(&g);
-    let ct = NodeTransport::new(node, g.ct.vmid);
+    let ct = PctTransport::new(node, g.ct.vmid);
     let source = openssh_repo(&g);
     // A template without sshd or key: take them away through the node.
     sh(

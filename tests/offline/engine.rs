@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use provision::access::{ApiOp, NodeOp, Op};
-use provision::engine::online::ApplyOptions;
 use provision::engine::ops::ops_of;
+use provision::engine::reconcile::ApplyOptions;
 use provision::engine::{DesiredTarget, diff_target, offline_plan};
 use provision::plan::{Action, Plan, Target, TargetPlan};
 use provision::resources::ResourceSpec;

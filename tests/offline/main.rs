@@ -5,7 +5,7 @@
 mod agent_elf;
 mod cli;
 mod engine;
-mod host_plan;
 mod imports;
+mod node_plan;
 mod systemd_verify;
 mod validation;

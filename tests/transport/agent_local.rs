@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use provision::access::{TargetReader, TargetWriter};
 use provision::agent::client::{AgentBinary, AgentReader, AgentWriter};
-use provision::engine::online::{apply, plan};
+use provision::engine::reconcile::{apply, plan};
 use provision::engine::schedule::Limits;
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};

@@ -58,7 +58,7 @@ impl Validator<'_> {
                 "add `token: { env: PVE_TOKEN }`, or `password: { env: PVE_ROOT_PASSWORD }` for root@pam",
             );
         }
-        for (pos, message, hint) in crate::inventory::host::problems(
+        for (pos, message, hint) in crate::inventory::node_setup::problems(
             node.model_storage.as_ref(),
             &node.templates,
             node.nvidia.as_ref(),

@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::file::FileSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::host::HostError;
 use crate::inventory::Sp;
 use crate::inventory::apt::AptRepository;
 use crate::inventory::secret::resolve_local;
 use crate::inventory::text::Text;
+use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// NVIDIA's CUDA repository signing key (`cudatools <cudatools@nvidia.com>`, the
@@ -296,7 +296,7 @@ pub fn install_key(
     };
     let dir = Path::new(path).parent().unwrap_or(Path::new("/"));
     crate::resources::directory::mkdir(dir, "root", "root", 0o755)?;
-    crate::host::write_file_atomic(Path::new(path), &wanted.bytes, "root", "root", 0o644)?;
+    crate::machine::write_file_atomic(Path::new(path), &wanted.bytes, "root", "root", 0o644)?;
     match read_keyring(Path::new(path))? {
         Some(f) if f == [fingerprint] => Ok(()),
         other => Err(bad(format!(

@@ -14,7 +14,7 @@ use super::systemd::{assignments, split_shown};
 use crate::generations::target as generations;
 use crate::health::Verdict;
 use crate::health::watch::{journal_cursor, unit_properties, watch};
-use crate::host::write_file_atomic;
+use crate::machine::write_file_atomic;
 
 /// Where the last unit that passed the health gate is kept, per unit.
 pub const LAST_KNOWN_GOOD_DIR: &str = "/var/lib/provision/last-known-good";
@@ -75,7 +75,7 @@ pub enum DeployError {
     },
     /// A unit file could not be written.
     #[error(transparent)]
-    Write(crate::host::HostError),
+    Write(crate::machine::HostError),
     /// systemd loaded something else than was written; the last good unit was restored.
     #[error("systemd did not load what was written to {unit_path}:\n  {}\n  {restored}", .differences.join("\n  "))]
     NotLoaded {
@@ -245,7 +245,7 @@ fn keep_as_good(unit: &str, unit_path: &str) -> Result<(), DeployError> {
         unit,
         &String::from_utf8_lossy(&content),
         true,
-        crate::host::utc_now(),
+        crate::machine::utc_now(),
     )
     .map_err(DeployError::Write)
 }
@@ -468,7 +468,7 @@ fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
         &service.unit,
         &String::from_utf8_lossy(&current),
         false,
-        crate::host::utc_now(),
+        crate::machine::utc_now(),
     );
     if let Some((g, good)) = previous_generation(&service.unit, &service.unit_path) {
         let why = format!("the health gate failed: {}", failed.summary());
@@ -548,7 +548,7 @@ fn whole_rollback(
         &service.unit,
         &String::from_utf8_lossy(unit_file),
         passed,
-        crate::host::utc_now(),
+        crate::machine::utc_now(),
     );
     if passed {
         let _ = write_unit(&lkg_path(&service.unit), unit_file);

@@ -460,8 +460,8 @@ pub const UNIT_PROPERTIES: &[&str] = &[
 ];
 
 /// A unit's state from `systemctl show`; `None` when systemd does not know it.
-pub fn read_unit(name: &str) -> Result<Option<UnitFact>, crate::host::HostError> {
-    let properties = crate::host::systemctl_show(name, UNIT_PROPERTIES)?;
+pub fn read_unit(name: &str) -> Result<Option<UnitFact>, crate::machine::HostError> {
+    let properties = crate::machine::systemctl_show(name, UNIT_PROPERTIES)?;
     if properties.get("LoadState").map(String::as_str) == Some("not-found") {
         return Ok(None);
     }

@@ -345,7 +345,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
 pub enum AnswerError {
     /// Reading the machine failed.
     #[error(transparent)]
-    Host(#[from] crate::host::HostError),
+    Host(#[from] crate::machine::HostError),
     /// Reading a model folder failed.
     #[error(transparent)]
     Hub(#[from] crate::hub::HubError),
@@ -375,8 +375,8 @@ impl From<String> for StepError {
     }
 }
 
-impl From<crate::host::HostError> for StepError {
-    fn from(e: crate::host::HostError) -> Self {
+impl From<crate::machine::HostError> for StepError {
+    fn from(e: crate::machine::HostError) -> Self {
         e.to_string().into()
     }
 }
@@ -676,7 +676,7 @@ impl Step {
                 owner,
                 group,
                 mode,
-            } => crate::host::write_file_atomic(
+            } => crate::machine::write_file_atomic(
                 Path::new(path),
                 content.as_bytes(),
                 owner,

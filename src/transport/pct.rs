@@ -19,24 +19,24 @@ const PCT_ERRORS: &[&str] = &[
 ];
 
 /// Runs commands inside container `vmid` through the node's `pct`.
-pub struct NodeTransport {
+pub struct PctTransport {
     node: Arc<dyn Transport>,
     vmid: u32,
 }
 
-impl std::fmt::Debug for NodeTransport {
+impl std::fmt::Debug for PctTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeTransport")
+        f.debug_struct("PctTransport")
             .field("node", &self.node.describe())
             .field("vmid", &self.vmid)
             .finish()
     }
 }
 
-impl NodeTransport {
+impl PctTransport {
     /// Commands for container `vmid`, carried by `node` (SSH to the node as root).
     pub fn new(node: Arc<dyn Transport>, vmid: u32) -> Self {
-        NodeTransport { node, vmid }
+        PctTransport { node, vmid }
     }
 
     /// The container's vmid.
@@ -77,7 +77,7 @@ impl NodeTransport {
     }
 
     /// Copies `src`, a file on the node, to `dest` in the container with `pct push` (mode,
-    /// owner root), atomically as [`NodeTransport::push`] does; `dest`'s folder is made.
+    /// owner root), atomically as [`PctTransport::push`] does; `dest`'s folder is made.
     pub fn push_file(&self, src: &str, dest: &str, mode: u32) -> Result<(), TransportError> {
         let vmid = self.vmid;
         let tmp = format!("{dest}.provision-push");
@@ -106,7 +106,7 @@ impl NodeTransport {
     }
 }
 
-impl Transport for NodeTransport {
+impl Transport for PctTransport {
     fn exec(
         &self,
         command: &str,

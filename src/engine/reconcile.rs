@@ -92,8 +92,8 @@ pub fn plan(
             )),
         }
     }
-    super::host::note_rebuilds(desired, &mut planned);
-    super::fresh::replan_replaced_guests(desired, &mut planned);
+    super::node_desired::note_rebuilds(desired, &mut planned);
+    super::empty_guest::replan_replaced_guests(desired, &mut planned);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
@@ -458,8 +458,8 @@ fn refuse_stale(
             if t.not_read.is_some() {
                 return Ok(None);
             }
-            if super::fresh::starts_empty(&t.target, work.iter().map(|(p, _)| *p))
-                && super::fresh::read_empty(stamp)
+            if super::empty_guest::starts_empty(&t.target, work.iter().map(|(p, _)| *p))
+                && super::empty_guest::read_empty(stamp)
             {
                 return Ok(None);
             }
