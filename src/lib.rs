@@ -23,5 +23,7 @@ pub mod progress;
 pub mod proxmox;
 pub mod render;
 pub mod resources;
+#[cfg(feature = "cli")]
+pub mod session;
 pub mod timing;
 pub mod transport;

@@ -4,18 +4,17 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use clap::Args;
 
-use super::plan::{print_plan, read_plan};
-use super::targets::{Connections, TargetArgs};
-use super::{ExitStatus, from_engine, opening, prepare};
-use crate::agent::client::AgentBinary;
+use super::plan::{open_session, print_plan, read_targets};
+use super::targets::TargetArgs;
+use super::{ExitStatus, from_engine, load_valid, session_open};
 use crate::diagnostic::Diagnostic;
 use crate::engine::reconcile;
 use crate::plan::{FORMAT_VERSION, Plan};
 use crate::printer::Printer;
+use crate::proxmox::NodeApi;
 
 /// Arguments of `provision apply`.
 #[derive(Debug, Args)]
@@ -86,7 +85,8 @@ fn waited_for_left_run(e: &anyhow::Error) -> bool {
 }
 
 fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
-    let (plan, loaded, saved) = match saved_plan(&args.inventory)? {
+    let saved = saved_plan(&args.inventory)?;
+    let (loaded, library) = match &saved {
         Some(plan) => {
             if !args.targets.targets.is_empty() {
                 return Err(Diagnostic::new(
@@ -101,24 +101,41 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
                     plan.inventory
                 ))
             })?;
-            (plan, loaded, true)
+            (loaded, None)
         }
         None => {
-            let prepared = prepare(&args.inventory)?;
-            let loaded = prepared.loaded.clone();
-            let plan = read_plan(
+            let (loaded, library) = load_valid(&args.inventory)?;
+            (loaded, Some(library))
+        }
+    };
+    // A saved plan made with --verify-full is re-read the same way, or every re-hashed
+    // answer would differ from a metadata-only one and the plan would look stale.
+    let mut target_args = args.targets.clone();
+    target_args.verify_full |= saved.iter().flat_map(|p| &p.targets).any(|t| {
+        t.read.as_ref().is_some_and(|r| r.verify_full)
+    });
+    // One session for the whole apply: the plan is read through it and its writers reuse
+    // the same logins and agent binary.
+    let session = open_session::<NodeApi>(&loaded, &target_args, printer)?;
+    let (plan, saved) = match (saved, library) {
+        (Some(plan), _) => (plan, true),
+        (None, library) => {
+            let library = library.expect("an inventory is loaded with its library");
+            let read = read_targets(
                 &args.inventory.display().to_string(),
-                prepared,
+                &library,
+                &session,
                 &args.targets,
                 printer,
             )?;
-            (plan, loaded, false)
+            (read.whole().map_err(from_engine)?, false)
         }
     };
     if !args.json {
         print_plan(&plan, false, printer)?;
     }
     if !plan.summary.has_changes() {
+        session.report_calls();
         if args.json {
             print_report(&plan, false, &[], printer)?;
         }
@@ -127,15 +144,6 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     if !args.yes {
         confirm()?;
     }
-    let binary = Arc::new(AgentBinary::current()?);
-    // A saved plan made with --verify-full is re-read the same way, or every re-hashed
-    // answer would differ from a metadata-only one and the plan would look stale.
-    let mut target_args = args.targets.clone();
-    target_args.verify_full |= plan
-        .targets
-        .iter()
-        .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
-    let conns = Connections::new(&loaded, &target_args, binary, printer);
     // Events stream as they come (bars, lines, or JSON lines on stderr with --json).
     let display = super::progress::Display::new(printer, args.json);
     let applied = reconcile::apply(
@@ -148,9 +156,9 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         },
         &args.targets.limits(),
         &|target| {
-            conns
+            session
                 .writer(target, Some(display.observer(target.target.heading())))
-                .map_err(opening)
+                .map_err(session_open)
         },
         &|target, step| {
             let heading = target.heading();
@@ -196,6 +204,7 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         },
     );
     display.finish();
+    session.report_calls();
     let outcomes = applied.map_err(from_engine)?;
     let steps: usize = outcomes.iter().map(|o| o.steps.len()).sum();
     if args.json {

@@ -5,8 +5,7 @@
 //! storage makes it earlier in the same apply. Read with the node's API
 //! (`GET /nodes/{node}/storage`) and its SSH (`test -d`, one round trip per node).
 
-use super::session::ReadSession;
-use super::targets::TargetArgs;
+use super::from_session;
 use crate::diagnostic::Diagnostic;
 use crate::inventory::Loaded;
 use crate::node::NodeError;
@@ -14,14 +13,14 @@ use crate::node::probe::NodeProbe;
 use crate::plan::{Action, Plan, Target};
 use crate::printer::Printer;
 use crate::resources::ResourceSpec;
+use crate::session::{Api, Session};
 
 /// Refuses the plan, naming each value, when a container it creates or changes assumes a
 /// storage or a host directory its node does not have.
-pub fn refuse_missing(
+pub fn refuse_missing<A: Api>(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &ReadSession<'_>,
-    args: &TargetArgs,
+    conns: &Session<'_, A>,
     printer: &Printer,
 ) -> anyhow::Result<()> {
     let mut missing: Vec<(crate::inventory::Pos, String, String)> = Vec::new();
@@ -46,7 +45,7 @@ pub fn refuse_missing(
             )
         });
         if creates {
-            let api = conns.node(node)?;
+            let api = conns.api_reader(node).map_err(from_session)?;
             let data = api.get(&api.node_path("/storage"), &[])?;
             let storages: Vec<(String, String)> = data
                 .as_array()
@@ -105,12 +104,12 @@ pub fn refuse_missing(
         let dirs: Vec<&str> = paths.iter().map(|m| m.host.as_str()).collect();
         // A node whose SSH is not needed for this plan (root@pam's password writes bind
         // mounts through the API) and does not answer is said so, not made fatal.
-        let probe = match super::ssh::node_transport(loaded, node, args) {
+        let probe = match conns.node_ssh(node) {
             Ok(t) => NodeProbe::new(t),
             Err(e) => {
                 printer.warn(&format!(
                     "container.{name}: the bind mounts' host directories were not checked (node `{node}`'s SSH: {})",
-                    crate::diagnostic::one_line(e.as_ref())
+                    crate::diagnostic::one_line(&e)
                 ));
                 continue;
             }

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::plan::{print_read, read_targets};
+use super::plan::{open_session, print_read, read_targets};
 use super::targets::TargetArgs;
-use super::{ExitStatus, from_engine, prepare};
+use super::{ExitStatus, from_engine, load_valid};
 use crate::printer::Printer;
+use crate::proxmox::ApiReader;
 use crate::timing;
 
 /// Arguments of `provision check`.
@@ -22,17 +23,21 @@ pub struct CheckArgs {
     pub targets: TargetArgs,
 }
 
-/// Runs `provision check`: reads every selected target and reports drift. It holds only
-/// read contexts, so it cannot change anything.
+/// Runs `provision check`: reads every selected target and reports drift. It holds a
+/// read session, which has no writer.
 pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let start = std::time::Instant::now();
-    let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
+    let (loaded, library) =
+        timing::time("inventory: load, render", || load_valid(&args.inventory))?;
+    let session = open_session::<ApiReader>(&loaded, &args.targets, printer)?;
     let read = read_targets(
         &args.inventory.display().to_string(),
-        prepared,
+        &library,
+        &session,
         &args.targets,
         printer,
     )?;
+    session.report_calls();
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).
     timing::time("print", || print_read(&read, args.json, printer))?;

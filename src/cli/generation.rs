@@ -3,20 +3,20 @@
 //! passed its health gate, gated like an apply.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
 
-use super::targets::{Connections, TargetArgs, select};
-use super::{ExitStatus, prepare};
+use super::plan::open_session;
+use super::targets::{TargetArgs, select};
+use super::{ExitStatus, from_session, prepare};
 use crate::access::Op;
-use crate::agent::client::AgentBinary;
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::generations::record::history_lines;
 use crate::generations::target::LinkState;
 use crate::plan::TargetPlan;
 use crate::printer::Printer;
+use crate::proxmox::{ApiReader, NodeApi};
 use crate::resources::generation::GenerationSpec;
 use crate::resources::service::ServiceSpec;
 use crate::resources::wire::Step;
@@ -65,12 +65,11 @@ fn guests(
 /// Runs `provision history`: each guest's generations, oldest first, `*` the one running.
 pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let binary = Arc::new(AgentBinary::current()?);
     // history only reads: a read session, which has no writer.
-    let conns = super::session::ReadSession::new(&prepared.loaded, &args.targets, binary, printer);
+    let conns = open_session::<ApiReader>(&prepared.loaded, &args.targets, printer)?;
     for (d, g, _) in guests(prepared.desired.clone(), &args.targets)? {
         let probe = g.probes().remove(0);
-        let facts = conns.reader(&d)?.read(std::slice::from_ref(&probe))?;
+        let facts = conns.reader(&d).map_err(from_session)?.read(std::slice::from_ref(&probe))?;
         let fact = facts.generation(&probe)?.cloned().unwrap_or_else(|| {
             crate::resources::generation::GenerationFact {
                 states: Default::default(),
@@ -100,8 +99,7 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
 /// generation that passed its gate, and are gated there; exit 1 when one is not ready.
 pub fn rollback(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let binary = Arc::new(AgentBinary::current()?);
-    let conns = Connections::new(&prepared.loaded, &args.targets, binary, printer);
+    let conns = open_session::<NodeApi>(&prepared.loaded, &args.targets, printer)?;
     let mut status = ExitStatus::Success;
     for (d, _, services) in guests(prepared.desired.clone(), &args.targets)? {
         let plan = TargetPlan {
@@ -113,7 +111,7 @@ pub fn rollback(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<Exit
             not_read: None,
             manages: None,
         };
-        let writer = conns.writer(&plan, None)?;
+        let writer = conns.writer(&plan, None).map_err(from_session)?;
         let outcomes = writer.run(&[Op::Guest(Step::RollbackGeneration { services })])?;
         for o in outcomes {
             match &o.error {

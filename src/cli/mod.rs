@@ -7,7 +7,6 @@ pub mod assumed;
 pub mod check;
 pub mod generation;
 pub mod gpu;
-pub mod guest;
 pub mod model;
 pub mod node;
 pub mod plan;
@@ -15,8 +14,6 @@ pub mod privileges;
 pub mod progress;
 pub mod render;
 pub mod schema;
-pub mod session;
-pub mod ssh;
 pub mod targets;
 pub mod validate;
 
@@ -31,6 +28,7 @@ use crate::engine::desired::{Library, desired_state};
 use crate::engine::error::{EngineError, OpenError};
 use crate::inventory::{Loaded, load, validate::validate};
 use crate::printer::{ColorChoice, Printer, Verbosity};
+use crate::session::SessionError;
 
 /// How a command ended, as the exit code scripts and CI read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,12 +214,33 @@ pub fn from_engine(e: EngineError) -> anyhow::Error {
     match e {
         EngineError::Open(b) => match b.downcast::<Opening>() {
             Ok(o) => o.0,
-            Err(b) => anyhow::Error::from_boxed(b),
+            Err(b) => match b.downcast::<SessionError>() {
+                Ok(e) => from_session(*e),
+                Err(b) => anyhow::Error::from_boxed(b),
+            },
         },
         EngineError::Access(e) => e.into(),
         EngineError::NotRead(e) => e.into(),
         EngineError::Refused(d) => (*d).into(),
         e @ EngineError::NotReached(_) => e.into(),
+    }
+}
+
+/// Hands a session's error from opening a target to the engine.
+pub fn session_open(e: SessionError) -> OpenError {
+    Box::new(e)
+}
+
+/// A session's error as the error the CLI reports: the diagnostic or the typed error
+/// itself (so rendering and matching on the chain see no layer between).
+pub fn from_session(e: SessionError) -> anyhow::Error {
+    match e {
+        SessionError::Refused(d) => (*d).into(),
+        SessionError::Transport(e) => e.into(),
+        SessionError::Api(e) => e.into(),
+        SessionError::Node(e) => e.into(),
+        SessionError::Access(e) => e.into(),
+        SessionError::While { what, source } => from_session(*source).context(what),
     }
 }
 
@@ -238,13 +257,20 @@ pub struct Prepared {
 /// The start of every command that takes an inventory: load, validate, expand. Any
 /// problem is reported with `file:line:col`.
 pub fn prepare(path: &Path) -> anyhow::Result<Prepared> {
-    let loaded = load(path)?;
-    let library = Library::load(&loaded).map_err(|d| Diagnostics(vec![d]))?;
-    validate(&loaded, &library.roles.names())?;
+    let (loaded, library) = load_valid(path)?;
     let desired = desired_state(&loaded, &library, &|_| None)?;
     Ok(Prepared {
         loaded,
         library,
         desired,
     })
+}
+
+/// An inventory loaded and validated, with its templates and roles, not yet expanded:
+/// the commands that read nodes expand it once, with the GPU facts they read.
+pub fn load_valid(path: &Path) -> anyhow::Result<(Loaded, Library)> {
+    let loaded = load(path)?;
+    let library = Library::load(&loaded).map_err(|d| Diagnostics(vec![d]))?;
+    validate(&loaded, &library.roles.names())?;
+    Ok((loaded, library))
 }

@@ -3,13 +3,11 @@
 
 use std::collections::HashMap;
 
-use super::Prepared;
-use super::session::ReadSession;
-use super::ssh::node_transport;
+use super::from_session;
 use super::targets::TargetArgs;
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
-use crate::engine::desired::desired_state;
+use crate::engine::desired::{Library, desired_state};
 use crate::inventory::Loaded;
 use crate::inventory::container::GpuSelector;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
@@ -22,17 +20,21 @@ use crate::render::passthrough::passthrough_lines;
 use crate::resources::Resource;
 use crate::resources::ResourceSpec;
 use crate::resources::pve_lines::is_dev_key;
+use crate::session::{Api, Session};
+use crate::timing;
 
-/// The desired state with the passthrough lines of every selected GPU container rendered
-/// from its node's live GPU facts (read over node SSH, one round trip per node) instead of
-/// the offline assumption; a GPU the node does not have is an error at its line.
-pub fn with_live_gpus(
-    prepared: Prepared,
+/// The desired state, computed once: the passthrough lines of every selected GPU container
+/// rendered from its node's live GPU facts (read over the session's node SSH, one round trip
+/// per node) instead of the offline assumption; a GPU the node does not have is an error at
+/// its line.
+pub fn with_live_gpus<A: Api>(
+    library: &Library,
+    session: &Session<'_, A>,
     targets: &TargetArgs,
     printer: &Printer,
-) -> anyhow::Result<(Prepared, LiveNodes)> {
+) -> anyhow::Result<(Vec<DesiredTarget>, LiveNodes)> {
     let mut live = LiveNodes::new();
-    let loaded = &prepared.loaded;
+    let loaded = session.loaded();
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
     // The container's target as `--target` spells it (its guest's name selects the
     // guest's resources, not the container's passthrough lines).
@@ -64,19 +66,16 @@ pub fn with_live_gpus(
             continue;
         }
         printer.status(&format!("reading the GPUs of node {node_name}"));
-        let probe = NodeProbe::new(node_transport(loaded, node_name.as_str(), targets)?);
+        let probe = NodeProbe::new(session.node_ssh(node_name.as_str()).map_err(from_session)?);
         let gpus = probe.gpus(&root)?;
         for (name, g) in with_gpus {
             // The lines themselves come from the role below; this refuses, at the
             // inventory's line, what they cannot be made from (a GPU the node lacks, a
             // missing major, a stale node).
             let selectors: Vec<GpuSelector> = g.devices.iter().map(|d| d.value.clone()).collect();
-            if let Err(e) = passthrough_lines(
-                &gpus.facts,
-                &selectors,
-                g.method.value,
-                &prepared.library.renderer,
-            ) {
+            if let Err(e) =
+                passthrough_lines(&gpus.facts, &selectors, g.method.value, &library.renderer)
+            {
                 let pos = g.devices.first().map(|d| d.pos).unwrap_or_default();
                 return Err(Diagnostics(vec![
                     loaded
@@ -89,11 +88,8 @@ pub fn with_live_gpus(
         live.insert(node_name.to_string(), (probe, gpus.clone()));
         read.insert(node_name.to_string(), gpus);
     }
-    if read.is_empty() {
-        return Ok((prepared, live));
-    }
-    let mut desired = desired_state(loaded, &prepared.library, &|n| {
-        read.get(n).map(NodeGpus::view)
+    let mut desired = timing::time("inventory: desired state", || {
+        desired_state(loaded, library, &|n| read.get(n).map(NodeGpus::view))
     })?;
     for d in &mut desired {
         let Target::Container { node, .. } = &d.target else {
@@ -108,13 +104,7 @@ pub fn with_live_gpus(
             }
         }
     }
-    Ok((
-        Prepared {
-            desired,
-            ..prepared
-        },
-        live,
-    ))
+    Ok((desired, live))
 }
 
 /// The nodes whose GPU facts were read (over a read-only [`NodeProbe`]), with what they
@@ -211,10 +201,10 @@ fn container_name(t: &Target) -> Option<&str> {
 /// has no SSH (a token, even root's, cannot write `devN` or raw `lxc.*` lines, and raw
 /// lines cannot be written through the API at all), or `devN` entries on a node older
 /// than Proxmox VE 8.1.
-pub fn refuse_root_only(
+pub fn refuse_root_only<A: Api>(
     plan: &Plan,
     loaded: &Loaded,
-    conns: &ReadSession<'_>,
+    conns: &Session<'_, A>,
 ) -> anyhow::Result<()> {
     let mut blocked = Vec::new();
     for t in &plan.targets {
@@ -237,7 +227,7 @@ pub fn refuse_root_only(
                     keys.join(", ")
                 ));
             } else if spec.pairs().iter().any(|(k, _)| is_dev_key(k)) {
-                let version = conns.node(node)?.version()?;
+                let version = conns.api_reader(node).map_err(from_session)?.version()?;
                 if !version.has_dev_passthrough() {
                     blocked.push(format!(
                         "{}: `devN` entries need Proxmox VE 8.1 or later; node `{node}` runs {}",

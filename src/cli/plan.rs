@@ -6,14 +6,17 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use super::session::ReadSession;
 use super::targets::{TargetArgs, select};
-use super::{ExitStatus, Prepared, from_engine, opening, prepare};
+use super::{ExitStatus, from_engine, from_session, load_valid, prepare, session_open};
 use crate::agent::client::AgentBinary;
+use crate::engine::desired::Library;
 use crate::engine::offline_plan;
 use crate::engine::reconcile;
+use crate::inventory::Loaded;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
+use crate::proxmox::ApiReader;
+use crate::session::{Api, Session, ssh};
 use crate::timing;
 
 /// Arguments of `provision plan`.
@@ -40,20 +43,21 @@ pub struct PlanArgs {
 /// Runs `provision plan`.
 pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let start = std::time::Instant::now();
-    let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
+    let inventory = args.inventory.display().to_string();
     let read = if args.offline {
+        let prepared = timing::time("inventory: load, render", || prepare(&args.inventory))?;
         let desired = select(prepared.desired, &args.targets)?;
         reconcile::PartialPlan {
-            plan: offline_plan(&args.inventory.display().to_string(), &desired),
+            plan: offline_plan(&inventory, &desired),
             failures: Vec::new(),
         }
     } else {
-        read_targets(
-            &args.inventory.display().to_string(),
-            prepared,
-            &args.targets,
-            printer,
-        )?
+        let (loaded, library) =
+            timing::time("inventory: load, render", || load_valid(&args.inventory))?;
+        let session = open_session::<ApiReader>(&loaded, &args.targets, printer)?;
+        let read = read_targets(&inventory, &library, &session, &args.targets, printer)?;
+        session.report_calls();
+        read
     };
     // The targets that were read are shown even when others could not be; a plan that
     // misses some is an error and is not saved.
@@ -74,24 +78,26 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// Reads the selected targets and plans against them; an error when any target could not
-/// be read. Only reads: no write path exists from here.
-pub fn read_plan(
-    inventory: &str,
-    prepared: Prepared,
+/// A session on `loaded` with the settings `targets` gives and this provision's agent
+/// binary (hashed once for the whole run): a [`ReadSession`](crate::session::ReadSession)
+/// for `plan` and `check`, a [`WriteSession`](crate::session::WriteSession) for `apply`.
+pub fn open_session<'a, A: Api>(
+    loaded: &'a Loaded,
     targets: &TargetArgs,
-    printer: &Printer,
-) -> anyhow::Result<Plan> {
-    read_targets(inventory, prepared, targets, printer)?
-        .whole()
-        .map_err(from_engine)
+    printer: &'a Printer,
+) -> anyhow::Result<Session<'a, A>> {
+    let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
+    Ok(Session::new(loaded, targets.settings(), binary, printer))
 }
 
-/// Reads the selected targets, concurrently as `--parallelism` allows, and plans against
-/// those that could be read; the others are returned with their errors.
-pub fn read_targets(
+/// Reads the selected targets through `session`, concurrently as `--parallelism` allows,
+/// and plans against those that could be read; the others are returned with their errors.
+/// The desired state is computed here, once, with the nodes' live GPU facts. Only reads,
+/// whatever the session: the engine's plan is handed readers alone.
+pub fn read_targets<A: Api>(
     inventory: &str,
-    prepared: Prepared,
+    library: &Library,
+    session: &Session<'_, A>,
     targets: &TargetArgs,
     printer: &Printer,
 ) -> anyhow::Result<reconcile::PartialPlan> {
@@ -102,15 +108,14 @@ pub fn read_targets(
         .hint(crate::resources::container::MIGRATE_NOT_BUILT)
         .into());
     }
-    let (prepared, live) = timing::time("gpus: live facts", || {
-        super::node::with_live_gpus(prepared, targets, printer)
+    let loaded = session.loaded();
+    let (desired, live) = timing::time("gpus: live facts", || {
+        super::node::with_live_gpus(library, session, targets, printer)
     })?;
-    let desired = select(prepared.desired, targets)?;
-    let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets);
-    let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
-    let conns = ReadSession::new(&prepared.loaded, targets, binary, printer);
-    conns.warn_insecure();
-    let read = reconcile::plan(
+    let desired = select(desired, targets)?;
+    let desired = ssh::with_login_keys(desired, loaded, session.settings());
+    session.warn_insecure();
+    let mut read = reconcile::plan(
         inventory,
         &desired,
         targets.verify_full,
@@ -118,24 +123,22 @@ pub fn read_targets(
         &targets.limits(),
         &|d| {
             printer.status(&format!("reading {}", d.target.heading()));
-            conns.reader(d).map_err(opening)
+            session.reader(d).map_err(session_open)
         },
     );
-    let mut read = read;
-    super::node::refuse_root_only(&read.plan, &prepared.loaded, &conns)?;
-    super::ssh::refuse_keyless_creates(&read.plan, &prepared.loaded, targets)?;
-    super::assumed::refuse_missing(&read.plan, &prepared.loaded, &conns, targets, printer)?;
-    super::privileges::refuse_missing(&read.plan, &prepared.loaded, &conns)?;
+    super::node::refuse_root_only(&read.plan, loaded, session)?;
+    ssh::refuse_keyless_creates(&read.plan, loaded, session.settings()).map_err(from_session)?;
+    super::assumed::refuse_missing(&read.plan, loaded, session, printer)?;
+    super::privileges::refuse_missing(&read.plan, loaded, session)?;
     read.plan = timing::time("gpus: checks", || {
         super::node::gpu_checks(
             read.plan,
             &desired,
             &live,
-            &|n, v| conns.running(n, v),
+            &|n, v| session.running(n, v),
             printer,
         )
     })?;
-    conns.report_calls();
     Ok(read)
 }
 

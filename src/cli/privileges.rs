@@ -8,7 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use super::session::ReadSession;
+use super::from_session;
+use crate::session::{Api, Session};
 use crate::inventory::Loaded;
 use crate::plan::{Action, Plan, Target};
 use crate::resources::ResourceSpec;
@@ -18,7 +19,11 @@ type Need = (String, Vec<&'static str>, String);
 
 /// Refuses the plan when a node reached with an API token lacks a privilege one of its
 /// container changes needs.
-pub fn refuse_missing(plan: &Plan, loaded: &Loaded, conns: &ReadSession<'_>) -> anyhow::Result<()> {
+pub fn refuse_missing<A: Api>(
+    plan: &Plan,
+    loaded: &Loaded,
+    conns: &Session<'_, A>,
+) -> anyhow::Result<()> {
     let mut lacking: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in &plan.targets {
         let Target::Container { node, vmid, .. } = &t.target else {
@@ -42,7 +47,7 @@ pub fn refuse_missing(plan: &Plan, loaded: &Loaded, conns: &ReadSession<'_>) -> 
         if needs.is_empty() {
             continue;
         }
-        let api = conns.node(node)?;
+        let api = conns.api_reader(node).map_err(from_session)?;
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (path, privs, why) in needs {
             if !held.contains_key(&path) {

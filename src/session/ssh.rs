@@ -1,8 +1,7 @@
-//! SSH connections to guests, from the inventory and the command line.
+//! SSH to guests and nodes, from the inventory and the session's settings, and the keys
+//! provision logs in to a guest with.
 
-use std::sync::Arc;
-
-use super::targets::TargetArgs;
+use super::{Pool, SessionError, Settings};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Container;
@@ -12,29 +11,51 @@ use crate::inventory::secret::resolve_local;
 use crate::plan::{Action, Plan, Target};
 use crate::render::context::guest_host;
 use crate::resources::ResourceSpec;
-use crate::transport::Transport;
 use crate::transport::ssh::login_keys::{LoginKey, login_keys};
-use crate::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
+use crate::transport::ssh::{HostKeyPolicy, SshOptions};
 
-/// An SSH transport to the inside of container `name`: one session for the whole run.
-pub fn guest_transport(
+/// The SSH connections to the inside of container `name`, logged in once.
+pub(super) fn guest_pool(
     loaded: &Loaded,
     name: &str,
-    args: &TargetArgs,
-) -> anyhow::Result<Arc<dyn Transport>> {
+    settings: &Settings,
+) -> Result<Pool, SessionError> {
     let ct = loaded
         .inventory
         .nodes
         .values()
         .find_map(|n| n.containers.get(name))
         .ok_or_else(|| Diagnostic::new(format!("no container `{name}` in the inventory")))?;
-    let host = guest_host(ct).ok_or_else(|| {
+    Ok(Pool::open(options(guest_address(name, ct)?, &ct.ssh, loaded, settings))?)
+}
+
+/// Where container `name`'s guest is reached by SSH.
+pub(super) fn guest_address(name: &str, ct: &Container) -> Result<String, SessionError> {
+    Ok(guest_host(ct).ok_or_else(|| {
         Diagnostic::new(format!(
             "container `{name}` has no address to reach it by SSH"
         ))
         .hint("set `ssh: { host: ... }` or a static `ip:` on its first interface")
+    })?)
+}
+
+/// The SSH connections to node `name` as the inventory says to reach it (root, for `pct`
+/// and the root-only edits), host key checked as for guests, logged in once.
+pub(super) fn node_pool(
+    loaded: &Loaded,
+    name: &str,
+    settings: &Settings,
+) -> Result<Pool, SessionError> {
+    let node = loaded
+        .inventory
+        .nodes
+        .get(name)
+        .ok_or_else(|| Diagnostic::new(format!("no node `{name}` in the inventory")))?;
+    let host = node.ssh.host.as_ref().ok_or_else(|| {
+        Diagnostic::new(format!("node `{name}` has no SSH host"))
+            .hint("set `ssh: { host: ... }` on the node: GPU facts and root-only edits go over it")
     })?;
-    connect_to(host, &ct.ssh, loaded, args)
+    Ok(Pool::open(options(host.to_string(), &node.ssh, loaded, settings))?)
 }
 
 /// The public keys provision logs in to container `ct` with (what its create and its
@@ -44,10 +65,10 @@ pub fn guest_login_keys(
     loaded: &Loaded,
     name: &str,
     ct: &Container,
-    args: &TargetArgs,
-) -> anyhow::Result<Vec<LoginKey>> {
+    settings: &Settings,
+) -> Result<Vec<LoginKey>, SessionError> {
     let host = guest_host(ct).unwrap_or_default();
-    let opts = options(host, &ct.ssh, loaded, args);
+    let opts = options(host, &ct.ssh, loaded, settings);
     let keys = login_keys(&opts).map_err(|e| {
         loaded
             .diag(ct.vmid.pos, format!("container `{name}`: {e}"))
@@ -66,20 +87,8 @@ pub fn guest_login_keys(
     Ok(keys)
 }
 
-/// One SSH session to `host` with the inventory's settings `ssh` and the command line's
-/// host key policy.
-fn connect_to(
-    host: String,
-    ssh: &SshTarget,
-    loaded: &Loaded,
-    args: &TargetArgs,
-) -> anyhow::Result<Arc<dyn Transport>> {
-    let opts = options(host, ssh, loaded, args);
-    Ok(Arc::new(SshTransport::connect(&opts)?))
-}
-
-/// The SSH options for `host` from the inventory's `ssh` and the command line.
-fn options(host: String, ssh: &SshTarget, loaded: &Loaded, args: &TargetArgs) -> SshOptions {
+/// The SSH options for `host` from the inventory's `ssh` and the session's settings.
+fn options(host: String, ssh: &SshTarget, loaded: &Loaded, settings: &Settings) -> SshOptions {
     let mut opts = SshOptions::new(host);
     opts.port = Some(ssh.port.value);
     opts.user = Some(ssh.user.to_string());
@@ -88,33 +97,13 @@ fn options(host: String, ssh: &SshTarget, loaded: &Loaded, args: &TargetArgs) ->
         .as_ref()
         .map(|p| resolve_local(p, &loaded.base_dir));
     opts.proxy_jump = ssh.proxy_jump.as_ref().map(|j| j.to_string());
-    opts.known_hosts = args.known_hosts.clone();
-    opts.host_key_policy = if args.accept_new_host_keys {
+    opts.known_hosts = settings.known_hosts.clone();
+    opts.host_key_policy = if settings.accept_new_host_keys {
         HostKeyPolicy::AcceptNew
     } else {
         HostKeyPolicy::Strict
     };
     opts
-}
-
-/// An SSH transport to node `name` as the inventory says to reach it (root, for `pct`
-/// and the root-only edits): one session for the whole run, host key checked as for
-/// guests.
-pub fn node_transport(
-    loaded: &Loaded,
-    name: &str,
-    args: &TargetArgs,
-) -> anyhow::Result<Arc<dyn Transport>> {
-    let node = loaded
-        .inventory
-        .nodes
-        .get(name)
-        .ok_or_else(|| Diagnostic::new(format!("no node `{name}` in the inventory")))?;
-    let host = node.ssh.host.as_ref().ok_or_else(|| {
-        Diagnostic::new(format!("node `{name}` has no SSH host"))
-            .hint("set `ssh: { host: ... }` on the node: GPU facts and root-only edits go over it")
-    })?;
-    connect_to(host.to_string(), &node.ssh, loaded, args)
 }
 
 /// Gives each selected container's create the public keys provision will log in to its
@@ -123,7 +112,7 @@ pub fn node_transport(
 pub fn with_login_keys(
     mut desired: Vec<DesiredTarget>,
     loaded: &Loaded,
-    args: &TargetArgs,
+    settings: &Settings,
 ) -> Vec<DesiredTarget> {
     for d in &mut desired {
         let Target::Container { name, .. } = &d.target else {
@@ -132,7 +121,7 @@ pub fn with_login_keys(
         let Some((_, _, ct)) = super::guest::find(loaded, name) else {
             continue;
         };
-        let Ok(keys) = guest_login_keys(loaded, name, ct, args) else {
+        let Ok(keys) = guest_login_keys(loaded, name, ct, settings) else {
             continue;
         };
         for r in &mut d.resources {
@@ -154,8 +143,8 @@ pub fn with_login_keys(
 pub fn refuse_keyless_creates(
     plan: &Plan,
     loaded: &Loaded,
-    args: &TargetArgs,
-) -> anyhow::Result<()> {
+    settings: &Settings,
+) -> Result<(), SessionError> {
     for t in &plan.targets {
         let Target::Container { name, .. } = &t.target else {
             continue;
@@ -173,7 +162,7 @@ pub fn refuse_keyless_creates(
                 && spec.login_keys.is_empty()
                 && let Some((_, _, ct)) = super::guest::find(loaded, name)
             {
-                guest_login_keys(loaded, name, ct, args)?;
+                guest_login_keys(loaded, name, ct, settings)?;
             }
         }
     }
