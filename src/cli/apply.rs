@@ -111,9 +111,10 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     // A saved plan made with --verify-full is re-read the same way, or every re-hashed
     // answer would differ from a metadata-only one and the plan would look stale.
     let mut target_args = args.targets.clone();
-    target_args.verify_full |= saved.iter().flat_map(|p| &p.targets).any(|t| {
-        t.read.as_ref().is_some_and(|r| r.verify_full)
-    });
+    target_args.verify_full |= saved
+        .iter()
+        .flat_map(|p| &p.targets)
+        .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
     // One session for the whole apply: the plan is read through it and its writers reuse
     // the same logins and agent binary.
     let session = open_session::<NodeApi>(&loaded, &target_args, printer)?;

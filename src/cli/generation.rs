@@ -69,7 +69,10 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
     let conns = open_session::<ApiReader>(&prepared.loaded, &args.targets, printer)?;
     for (d, g, _) in guests(prepared.desired.clone(), &args.targets)? {
         let probe = g.probes().remove(0);
-        let facts = conns.reader(&d).map_err(from_session)?.read(std::slice::from_ref(&probe))?;
+        let facts = conns
+            .reader(&d)
+            .map_err(from_session)?
+            .read(std::slice::from_ref(&probe))?;
         let fact = facts.generation(&probe)?.cloned().unwrap_or_else(|| {
             crate::resources::generation::GenerationFact {
                 states: Default::default(),

@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 
 use super::from_session;
-use crate::session::{Api, Session};
 use crate::inventory::Loaded;
 use crate::plan::{Action, Plan, Target};
 use crate::resources::ResourceSpec;
+use crate::session::{Api, Session};
 
 /// One privilege a change needs: path, privilege (any of several), why.
 type Need = (String, Vec<&'static str>, String);

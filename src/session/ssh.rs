@@ -26,7 +26,12 @@ pub(super) fn guest_pool(
         .values()
         .find_map(|n| n.containers.get(name))
         .ok_or_else(|| Diagnostic::new(format!("no container `{name}` in the inventory")))?;
-    Ok(Pool::open(options(guest_address(name, ct)?, &ct.ssh, loaded, settings))?)
+    Ok(Pool::open(options(
+        guest_address(name, ct)?,
+        &ct.ssh,
+        loaded,
+        settings,
+    ))?)
 }
 
 /// Where container `name`'s guest is reached by SSH.
@@ -55,7 +60,12 @@ pub(super) fn node_pool(
         Diagnostic::new(format!("node `{name}` has no SSH host"))
             .hint("set `ssh: { host: ... }` on the node: GPU facts and root-only edits go over it")
     })?;
-    Ok(Pool::open(options(host.to_string(), &node.ssh, loaded, settings))?)
+    Ok(Pool::open(options(
+        host.to_string(),
+        &node.ssh,
+        loaded,
+        settings,
+    ))?)
 }
 
 /// The public keys provision logs in to container `ct` with (what its create and its

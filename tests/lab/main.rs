@@ -25,5 +25,6 @@ mod read_only;
 mod rebuild;
 mod remove;
 mod service;
+mod session;
 mod stream;
 mod uv;

@@ -237,7 +237,7 @@ nodes:
     }
 
     /// A command on the lab node over its SSH as root.
-    fn node(&self, cmd: &str) -> String {
+    pub(crate) fn node(&self, cmd: &str) -> String {
         let (host, port) = self.lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
         self.ssh(&format!("root@{host}"), port, cmd)
     }
