@@ -1,16 +1,21 @@
 //! The engine's pure functions without a target: the diff of a target against the empty
 //! world, the order of a plan's targets, and the operations `ops_of` derives from a target
-//! plan (what apply runs, from the plan alone). llm-two's real inventory is the input.
+//! plan (what apply runs, from the plan alone), and a saved plan refused when its target no
+//! longer reads as it did. llm-two's real inventory is the input.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use provision::access::{ApiOp, NodeOp, Op};
+use provision::access::{AccessError, ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
 use provision::engine::ops::ops_of;
-use provision::engine::reconcile::ApplyOptions;
+use provision::engine::reconcile::{self, ApplyOptions};
+use provision::engine::schedule::Limits;
 use provision::engine::{DesiredTarget, diff_target, offline_plan};
 use provision::plan::{Action, Plan, Target, TargetPlan};
 use provision::resources::ResourceSpec;
-use provision::resources::wire::{Facts, Step};
+use provision::resources::file::{PathFact, PathKind};
+use provision::resources::wire::{Fact, Facts, Probe, Step};
 
 fn llm_two() -> Vec<DesiredTarget> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -157,4 +162,127 @@ fn a_services_preflight_runs_before_its_unit_is_written() {
         !deploys.is_empty() && deploys.iter().all(|r| !r),
         "{deploys:?}"
     );
+}
+
+/// A guest's world for the engine: every probe of llm-two's guest files answered "absent"
+/// (the managed record too), but for `present`, found holding one byte. `ran` counts the
+/// operations handed to `run` (nothing runs on a stale plan).
+struct World {
+    present: Option<Probe>,
+    ran: Arc<AtomicUsize>,
+}
+
+impl TargetReader for World {
+    fn describe(&self) -> String {
+        "a guest in memory".into()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        let answers = probes.iter().map(|p| {
+            let fact = match p {
+                _ if Some(p) == self.present.as_ref() => Fact::Path(Some(PathFact {
+                    kind: PathKind::File,
+                    mode: 0o644,
+                    owner: "root".into(),
+                    group: "root".into(),
+                    size: 1,
+                    sha256: Some(
+                        "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb".into(),
+                    ),
+                    content: Some("a".into()),
+                })),
+                Probe::Path { .. } => Fact::Path(None),
+                Probe::Managed {} => Fact::Managed(None),
+                other => panic!("a file-only guest has no probe {other:?}"),
+            };
+            (p.clone(), fact)
+        });
+        Ok(Facts::Read(answers.collect()))
+    }
+}
+
+impl TargetWriter for World {
+    fn run(&self, ops: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
+        self.ran.fetch_add(ops.len(), Ordering::SeqCst);
+        Ok(Vec::new())
+    }
+}
+
+/// llm-two's first guest with only its files: probes the [`World`] can answer.
+fn files_only() -> DesiredTarget {
+    let mut d = llm_two()
+        .into_iter()
+        .find(|d| matches!(d.target, Target::Guest { .. }))
+        .expect("llm-two has a guest");
+    d.resources
+        .retain(|r| matches!(r.spec, ResourceSpec::File(_)));
+    assert!(!d.resources.is_empty(), "llm-two's guest writes files");
+    d
+}
+
+/// Applies `plan` as a saved plan against a world where `present` now holds something;
+/// the error and how many operations ran.
+fn apply_saved(plan: &Plan, present: Option<Probe>) -> (String, usize) {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let err = reconcile::apply(
+        plan,
+        ApplyOptions {
+            saved: true,
+            ..ApplyOptions::default()
+        },
+        &Limits::serial(),
+        &|_| {
+            Ok(Box::new(World {
+                present: present.clone(),
+                ran: ran.clone(),
+            }))
+        },
+        &|_, _| {},
+    )
+    .err()
+    .map(|e| provision::diagnostic::one_line(&e))
+    .unwrap_or_default();
+    (err, ran.load(Ordering::SeqCst))
+}
+
+#[test]
+fn a_saved_plan_whose_read_stamp_no_longer_matches_is_refused_before_anything_runs() {
+    let d = files_only();
+    let read = reconcile::plan(
+        "inventory/llm-two.yaml",
+        std::slice::from_ref(&d),
+        false,
+        false,
+        &Limits::serial(),
+        &|_| {
+            Ok(Box::new(World {
+                present: None,
+                ran: Arc::default(),
+            }))
+        },
+    );
+    let plan = read.whole().expect("the world answers every probe");
+    let stamp = plan.targets[0].read.clone().expect("a read stamp");
+    assert!(plan.summary.has_changes(), "every file is to create");
+    // Saved and read back, as `plan --out` and `apply FILE` do.
+    let plan: Plan = serde_json::from_str(&serde_json::to_string(&plan).unwrap()).unwrap();
+
+    // One of the files appeared since: the read stamp differs, nothing runs.
+    let file = stamp
+        .probes
+        .iter()
+        .find(|p| matches!(p, Probe::Path { .. }))
+        .cloned();
+    let (err, ran) = apply_saved(&plan, file);
+    assert!(
+        err.contains("the saved plan is stale; nothing was changed"),
+        "{err}"
+    );
+    assert!(err.contains("changed since the plan was made"), "{err}");
+    assert_eq!(ran, 0, "an operation ran on a stale plan");
+
+    // The same world as at plan time: not stale, the plan's operations are handed over.
+    let (err, ran) = apply_saved(&plan, None);
+    assert!(!err.contains("stale"), "{err}");
+    assert!(ran > 0, "the plan's operations ran: {err}");
 }
