@@ -191,13 +191,12 @@ pub enum AccessError {
 pub struct ApiTarget<A = NodeApi> {
     api: Arc<A>,
     specs: Vec<ContainerSpec>,
-    seen: Option<SeenContainers>,
+    listed: Option<Arc<Listing>>,
     cluster: bool,
 }
 
-/// The node's containers as the last read listed them: vmid → running. Shared so that
-/// the guest of a container that is not there (yet) is planned without a connection.
-pub type SeenContainers = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>;
+/// A node's containers as one listing showed them: vmid → (name, running).
+pub type Listing = std::collections::BTreeMap<u64, (String, bool)>;
 
 impl<A: AsRef<ApiReader>> ApiTarget<A> {
     /// Access to containers of the node behind `api`, declared as `specs`.
@@ -205,14 +204,16 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
         ApiTarget {
             api,
             specs,
-            seen: None,
+            listed: None,
             cluster: false,
         }
     }
 
-    /// Records every listing it reads in `seen`.
-    pub fn recording(mut self, seen: SeenContainers) -> Self {
-        self.seen = Some(seen);
+    /// Reads the node's containers from `listing`, made earlier in the same session,
+    /// instead of listing them again (the guests of the same plan are planned from it, so
+    /// the guest of a container that is not there yet is planned without a connection).
+    pub fn listed(mut self, listing: Arc<Listing>) -> Self {
+        self.listed = Some(listing);
         self
     }
 
@@ -240,12 +241,10 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         }
         let boxed = |e: ContainerError| AccessError::Container(Box::new(e));
         api.version().map_err(|e| boxed(ContainerError::from(e)))?;
-        let listing = container::list(api).map_err(|e| boxed(ContainerError::from(e)))?;
-        if let Some(seen) = &self.seen
-            && let Ok(mut seen) = seen.lock()
-        {
-            *seen = listing.iter().map(|(id, (_, r))| (*id, *r)).collect();
-        }
+        let listing = match &self.listed {
+            Some(listing) => listing.clone(),
+            None => Arc::new(container::list(api).map_err(|e| boxed(ContainerError::from(e)))?),
+        };
         let placed = match self.cluster {
             true => Some(
                 crate::proxmox::cluster::containers(api)

@@ -115,6 +115,7 @@ pub fn read_targets<A: Api>(
     let desired = select(desired, targets)?;
     let desired = ssh::with_login_keys(desired, loaded, session.settings());
     session.warn_insecure();
+    session.reading(&desired);
     let mut read = reconcile::plan(
         inventory,
         &desired,

@@ -41,8 +41,9 @@ impl PartialPlan {
     }
 }
 
-/// Plans `desired` against what `read` finds on each target, reading independent targets
-/// concurrently as `limits` allow (a container's guest after its container). A target that
+/// Plans `desired` against what `read` finds on each target, reading targets concurrently
+/// as `limits` allow (a container and its guest at the same time: the caller's session
+/// plans the guest from the node's listing, shared with the container's read). A target that
 /// cannot be read does not keep the others from being planned unless `limits.fail_fast`.
 /// `verify_full`: the readers re-hash model files, recorded in the plan so a saved plan is
 /// re-read the same way. `prune_models`: a model folder no longer declared is planned for
@@ -57,7 +58,7 @@ pub fn plan(
 ) -> PartialPlan {
     let targets: Vec<&Target> = desired.iter().map(|d| &d.target).collect();
     let results = schedule::run(
-        &schedule::jobs(&targets),
+        &schedule::read_jobs(&targets),
         limits,
         Follow::Always,
         &|i| -> Result<TargetPlan, EngineError> {

@@ -116,6 +116,16 @@ pub fn jobs(targets: &[&Target]) -> Vec<Job> {
         .collect()
 }
 
+/// The jobs of reading `targets` for a plan: none waits for another (a guest is planned
+/// from its node's listing, not from its container's read, so a container and its guest
+/// are read at the same time); the per-node limit still holds.
+pub fn read_jobs(targets: &[&Target]) -> Vec<Job> {
+    jobs(targets)
+        .into_iter()
+        .map(|j| Job { after: None, ..j })
+        .collect()
+}
+
 enum Slot<R> {
     Waiting,
     Running,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Api, Session, SessionError};
-use crate::access::{EmptyWorld, SeenContainers, TargetReader};
+use crate::access::{EmptyWorld, Listing, TargetReader};
 use crate::diagnostic::{Diagnostic, one_line};
 use crate::inventory::node::Node;
 use crate::inventory::{Container, Loaded};
@@ -41,17 +41,17 @@ pub enum GuestRead {
 
 impl<A: Api> Session<'_, A> {
     /// How to read guest `name` for a plan, given what the node's listing said about its
-    /// container (`seen`, when its container was read in this run).
+    /// container (`listing`, when its container is read in this run).
     pub fn plan_read(
         &self,
         name: &str,
-        seen: Option<&SeenContainers>,
+        listing: Option<&Listing>,
     ) -> Result<GuestRead, SessionError> {
         let Some((node_name, node, ct)) = find(self.loaded, name) else {
             return Ok(GuestRead::Ssh(self.guest_ssh(name)?));
         };
         let vmid = ct.vmid.value;
-        let state = seen.and_then(|s| s.lock().ok().map(|s| s.get(&vmid).copied()));
+        let state = listing.map(|l| l.get(&vmid).map(|(_, running)| *running));
         match state {
             Some(None) | Some(Some(false)) => {
                 let why = if state == Some(None) {

@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::access::{AccessError, ApiTarget, SeenContainers, TargetReader, TargetWriter};
+use crate::access::{AccessError, ApiTarget, Listing, TargetReader, TargetWriter};
 use crate::agent::attach::Observer;
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
@@ -143,6 +143,17 @@ impl<T> Slots<T> {
         Ok(made)
     }
 
+    /// The connection named `name` when it has been made.
+    pub fn made(&self, name: &str) -> Option<Arc<T>> {
+        let slot = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)?
+            .clone();
+        slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Forgets the connection named `name` (the next `get` makes a new one).
     pub fn forget(&self, name: &str) {
         self.0
@@ -175,8 +186,12 @@ pub struct Session<'a, A> {
     node_ssh: Slots<Pool>,
     /// The guests' SSH, by container name.
     guest_ssh: Slots<Pool>,
-    /// Each node's containers as its last listing showed them.
-    seen: Mutex<HashMap<String, SeenContainers>>,
+    /// Each node's containers, listed once: by the first of its container's read and its
+    /// guest's, which run at the same time.
+    listings: Slots<Listing>,
+    /// The nodes whose containers this session's plan reads: their guests are planned
+    /// from the node's listing (not there, stopped, reached through the node).
+    listed_nodes: Mutex<BTreeSet<String>>,
     /// Containers this apply creates or replaces: their guests are bootstrapped and
     /// their new host keys trusted.
     created: Mutex<BTreeSet<u64>>,
@@ -203,7 +218,8 @@ impl<'a, A: Api> Session<'a, A> {
             apis: Slots::default(),
             node_ssh: Slots::default(),
             guest_ssh: Slots::default(),
-            seen: Mutex::new(HashMap::new()),
+            listings: Slots::default(),
+            listed_nodes: Mutex::new(BTreeSet::new()),
             created: Mutex::new(BTreeSet::new()),
         }
     }
@@ -218,18 +234,33 @@ impl<'a, A: Api> Session<'a, A> {
         &self.settings
     }
 
-    /// Whether the last listing of `node` showed container `vmid` running.
+    /// Whether the listing of `node` showed container `vmid` running.
     pub fn running(&self, node: &str, vmid: u64) -> bool {
-        self.seen(node)
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&vmid).copied())
+        self.listings
+            .made(node)
+            .and_then(|l| l.get(&vmid).map(|(_, running)| *running))
             .unwrap_or(false)
     }
 
-    fn seen(&self, node: &str) -> SeenContainers {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.entry(node.to_string()).or_default().clone()
+    /// Says which targets the plan reads: the guest of a container read in the same plan
+    /// is planned from its node's listing, which both share.
+    pub fn reading(&self, desired: &[DesiredTarget]) {
+        let mut nodes = self.listed_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        for d in desired {
+            if let Target::Container { node, .. } = &d.target {
+                nodes.insert(node.clone());
+            }
+        }
+    }
+
+    /// The containers of `node`, listed once in this session (its version read first, as
+    /// every read of the node does).
+    fn listing(&self, node: &str) -> Result<Arc<Listing>, SessionError> {
+        self.listings.get(node, || {
+            let api = self.api_reader(node)?;
+            api.version()?;
+            Ok(crate::proxmox::container::list(&api)?)
+        })
     }
 
     /// A reader of `d`'s target: the agent for a guest (through the node when it does not
@@ -242,16 +273,24 @@ impl<'a, A: Api> Session<'a, A> {
                     self.api(node)?,
                     container_specs(d.resources.iter().map(|r| &r.spec)),
                 )
-                .recording(self.seen(node))
+                .listed(self.listing(node)?)
                 .in_cluster(self.in_cluster(node)),
             )),
             Target::Guest { name, .. } => {
-                // Only a listing actually read says the container is not there.
-                let seen = guest::find(self.loaded, name).and_then(|(n, _, _)| {
-                    let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-                    seen.get(n).cloned()
+                // Only a listing actually read says the container is not there; it is
+                // read when this plan reads the container's node too.
+                let node = guest::find(self.loaded, name).map(|(n, _, _)| n);
+                let listed = node.is_some_and(|n| {
+                    self.listed_nodes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains(n)
                 });
-                let transport = match self.plan_read(name, seen.as_ref())? {
+                let listing = match node.filter(|_| listed) {
+                    Some(n) => Some(self.listing(n)?),
+                    None => None,
+                };
+                let transport = match self.plan_read(name, listing.as_deref())? {
                     guest::GuestRead::Empty(r) => return Ok(r),
                     guest::GuestRead::Ssh(t) | guest::GuestRead::Node(t) => t,
                 };
