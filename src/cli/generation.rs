@@ -113,6 +113,7 @@ pub fn rollback(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<Exit
             warnings: Vec::new(),
             not_read: None,
             manages: None,
+            replanned: None,
         };
         let writer = conns.writer(&plan, None).map_err(from_session)?;
         let outcomes = writer.run(&[Op::Guest(Step::RollbackGeneration { services })])?;

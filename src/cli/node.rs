@@ -166,6 +166,9 @@ pub fn gpu_checks(
                 continue;
             }
             t.unchanged = t.unchanged.saturating_sub(1);
+            t.replanned = Some(format!(
+                "the GPU checks inside CT {vmid} found its passthrough lines not in effect"
+            ));
             t.changes.push(Change {
                 address: d.address(&r.spec),
                 kind: "pve_lines".into(),

@@ -64,7 +64,7 @@ pub fn replan_replaced_guests(desired: &[DesiredTarget], plans: &mut [TargetPlan
             verify_full,
             prune_models: false,
         });
-        fresh.warnings.push(format!(
+        fresh.replanned = Some(format!(
             "container.{name} is replaced, so its guest is planned as new (everything is built again on the new container)"
         ));
         *p = fresh;

@@ -118,6 +118,7 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         warnings,
         not_read: None,
         manages: None,
+        replanned: None,
     })
 }
 

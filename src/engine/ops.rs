@@ -218,6 +218,7 @@ mod tests {
             warnings: Vec::new(),
             not_read: None,
             manages: Some(kept.clone()),
+            replanned: None,
         };
         let mut unsupported = Vec::new();
         let ops = ops_of(&t, &ApplyOptions::default(), &mut unsupported);

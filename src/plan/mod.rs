@@ -15,7 +15,9 @@ use crate::resources::wire::Probe;
 /// target that could not be read says so (`not_read`): an older provision would apply its
 /// "everything to create" changes without reading it again;
 /// and a guest's plan carries the record apply leaves (`manages`) and `removed` changes.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: a target planned again after another's plan or a read of its node says so
+/// (`replanned`): its changes are not only the diff of what was read for it.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +70,11 @@ pub struct TargetPlan {
     /// guests only): what is declared, and model folders kept on purpose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manages: Option<crate::resources::managed::Record>,
+    /// Why this target was planned again after its own read (its container is replaced,
+    /// so it is planned as new; the GPU checks inside its running container found drift):
+    /// shown with the plan, so apply runs nothing the plan does not show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replanned: Option<String>,
 }
 
 /// The probes a target plan was made from and a digest of their answers.

@@ -22,6 +22,9 @@ pub fn render_human(plan: &Plan, color: bool) -> String {
             continue;
         }
         out += &format!("{}\n", st.bold.apply_to(target.target.heading()));
+        if let Some(why) = &target.replanned {
+            out += &format!("  {} re-planned: {why}\n", st.yellow.apply_to("↻"));
+        }
         if let Some(why) = &target.not_read {
             out += &format!(
                 "  {} not read: {why} ({} resource(s) declared)\n\n",
