@@ -622,7 +622,12 @@ fn a_saved_plan_builds_from_nothing_and_a_replace_builds_the_guest_again() {
     cli.write(&ct, true);
     let replace = cli.dir.path().join("replace.plan");
     let plan = cli.expect(&["plan", "--out", replace.to_str().unwrap()], 0);
-    assert!(plan.contains("its guest is planned as new"), "{plan}");
+    assert!(
+        plan.contains(
+            "re-planned: container.pxc-saved is replaced, so its guest is planned as new"
+        ),
+        "{plan}"
+    );
     assert!(plan.contains("+ file /etc/app.conf"), "{plan}");
     let out = cli.expect_on(&["apply", "--yes"], &replace, 1);
     assert!(out.contains("--allow-replace"), "{out}");
