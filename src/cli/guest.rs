@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use super::ssh::{guest_transport, node_transport};
 use super::targets::TargetArgs;
 use crate::access::{EmptyWorld, SeenContainers, TargetReader};
+use crate::compile::render::context::guest_host;
 use crate::diagnostic::Diagnostic;
 use crate::inventory::node::Node;
 use crate::inventory::{Container, Loaded};
 use crate::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};
 use crate::printer::Printer;
-use crate::render::context::guest_host;
 use crate::transport::Transport;
 use crate::transport::pct::PctTransport;
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::targets::TargetArgs;
+use crate::compile::render::context::guest_host;
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Container;
@@ -10,7 +11,6 @@ use crate::inventory::Loaded;
 use crate::inventory::node::SshTarget;
 use crate::inventory::secret::resolve_local;
 use crate::plan::{Action, Plan, Target};
-use crate::render::context::guest_host;
 use crate::resources::ResourceSpec;
 use crate::transport::Transport;
 use crate::transport::ssh::login_keys::{LoginKey, login_keys};

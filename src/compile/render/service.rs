@@ -324,7 +324,7 @@ fn environment(svc: &Service, ct: &Container) -> (Vec<EnvVar>, BTreeMap<String, 
 
 /// What the service runs on, as `kind:name` addresses: a change of any of them means a
 /// restart. Those no role of the container declares are dropped once the roles are
-/// expanded (`engine::desired`), so no role is named here.
+/// expanded (`compile::desired`), so no role is named here.
 fn runs_on(unit_path: &str, svc: &Service, ct: &Container, model_path: &str) -> Vec<String> {
     let mut deps = vec![format!("file:{unit_path}")];
     if svc.model.is_some() {
