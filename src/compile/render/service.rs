@@ -441,15 +441,22 @@ mod tests {
 
     use super::*;
 
+    const LLM_TWO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/inventory/llm-two.yaml");
+
+    /// The services of llm-two's one container, built.
+    fn llm_two_services() -> Vec<BuiltService> {
+        let loaded = crate::inventory::load(Path::new(LLM_TWO)).unwrap();
+        let (_, node) = loaded.inventory.nodes.iter().next().unwrap();
+        let (_, ct) = node.containers.iter().next().unwrap();
+        build_all(ct, Path::new(LLM_TWO))
+    }
+
     /// llm-two's service, built: the argv and environment carry where the inventory set
     /// them, so findings after rendering name the line to change.
     #[test]
     fn positions_travel_with_the_built_service() {
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/inventory/llm-two.yaml"
-        ));
-        let loaded = crate::inventory::load(path).unwrap();
+        let path = Path::new(LLM_TWO);
+        let built = llm_two_services();
         let text = std::fs::read_to_string(path).unwrap();
         let at = |needle: &str| {
             let (n, line) = text
@@ -460,9 +467,6 @@ mod tests {
             let col = line.find(':').unwrap() + 3;
             format!("{}:{}:{col}", path.display(), n + 1)
         };
-        let (_, node) = loaded.inventory.nodes.iter().next().unwrap();
-        let (_, ct) = node.containers.iter().next().unwrap();
-        let built = build_all(ct, path);
         let spec = &built[0].spec;
         assert_eq!(
             spec.declared.at("--mamba-scheduler-strategy"),
@@ -537,14 +541,7 @@ mod tests {
     /// its environment (what the deploy otherwise finds out only on the target).
     #[test]
     fn the_unit_file_runs_what_the_spec_says() {
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/inventory/llm-two.yaml"
-        ));
-        let loaded = crate::inventory::load(path).unwrap();
-        let (_, node) = loaded.inventory.nodes.iter().next().unwrap();
-        let (_, ct) = node.containers.iter().next().unwrap();
-        let built = build_all(ct, path);
+        let built = llm_two_services();
         let renderer = crate::compile::render::Renderer::new(None).unwrap();
         let unit = |view: &ServiceView| {
             let ctx = serde_json::json!({ "service": view, "cuda": true });
