@@ -22,9 +22,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::compile::{Library, desired_state};
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
-use crate::engine::desired::{Library, desired_state};
 use crate::engine::error::{EngineError, OpenError};
 use crate::inventory::{Loaded, load, validate::validate};
 use crate::printer::{ColorChoice, Printer, Verbosity};

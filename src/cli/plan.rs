@@ -9,7 +9,7 @@ use clap::Args;
 use super::targets::{TargetArgs, select};
 use super::{ExitStatus, from_engine, from_session, load_valid, prepare, session_open};
 use crate::agent::client::AgentBinary;
-use crate::engine::desired::Library;
+use crate::compile::Library;
 use crate::engine::offline_plan;
 use crate::engine::reconcile;
 use crate::inventory::Loaded;

@@ -1,7 +1,6 @@
-//! From inventory to plan: desired resources per target ([`desired`]), the reads they need
-//! batched per target ([`facts`]), and the diff that makes the [`Plan`].
+//! From desired state to plan: the desired resources per target (built by [`crate::compile`]),
+//! the reads they need batched per target, and the diff that makes the [`Plan`].
 
-pub mod desired;
 pub mod empty_guest;
 pub mod error;
 pub mod node_desired;
@@ -10,48 +9,10 @@ pub mod reconcile;
 pub mod removal;
 pub mod schedule;
 
-use crate::plan::{Action, Attribute, Change, Plan, PlanMode, Target, TargetPlan};
+pub use crate::compile::{Desired, DesiredTarget};
+use crate::plan::{Action, Attribute, Change, Plan, PlanMode, TargetPlan};
 use crate::resources::ResourceSpec;
-use crate::resources::wire::{Facts, NotRead, Probe};
-
-/// A resource wanted on a target, and the role that asked for it.
-#[derive(Debug, Clone)]
-pub struct Desired {
-    /// The fully rendered desired state.
-    pub spec: ResourceSpec,
-    /// The contributing role, if any.
-    pub role: Option<String>,
-}
-
-/// Everything wanted on one target.
-#[derive(Debug, Clone)]
-pub struct DesiredTarget {
-    /// Where.
-    pub target: Target,
-    /// What, in apply order.
-    pub resources: Vec<Desired>,
-}
-
-impl DesiredTarget {
-    /// The probes of all its resources, each once, in first-use order: one batch.
-    pub fn probes(&self) -> Vec<Probe> {
-        let mut out: Vec<Probe> = Vec::new();
-        for d in &self.resources {
-            for p in d.spec.resource().probes() {
-                if !out.contains(&p) {
-                    out.push(p);
-                }
-            }
-        }
-        out
-    }
-
-    /// `<target>/<kind>:<name>` for a resource of this target.
-    pub fn address(&self, spec: &ResourceSpec) -> String {
-        let prefix = self.target.names().0;
-        format!("{prefix}/{}", spec.address())
-    }
-}
+use crate::resources::wire::{Facts, NotRead};
 
 /// Compares each target's desired resources with the facts read for it. Services whose
 /// dependencies change are restarted (and health-gated) even if they are running.

@@ -20,18 +20,25 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Readiness {
-    /// URL that must list `served_model_name` (`http://127.0.0.1:30000/v1/models`).
+    /// URL that must list `served_model_name` (`http://127.0.0.1:30000/v1/models`); its
+    /// port is the one the gate watches open ([`Readiness::port`]).
     pub url: String,
     /// The model name the URL must list.
     pub served_model_name: String,
-    /// Port the server listens on, on the target.
-    pub port: u16,
     /// Give up after this many milliseconds.
     pub deadline_ms: u64,
     /// A hang: nothing moved for this many milliseconds while the port is closed.
     pub stall_timeout_ms: u64,
     /// How often to look, in milliseconds.
     pub poll_interval_ms: u64,
+}
+
+impl Readiness {
+    /// The port the server listens on, on the target: the URL's (its scheme's default when
+    /// it names none), so the port exists once; `None` for a URL that does not parse.
+    pub fn port(&self) -> Option<u16> {
+        url::Url::parse(&self.url).ok()?.port_or_known_default()
+    }
 }
 
 /// What one poll saw.

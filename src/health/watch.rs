@@ -115,7 +115,7 @@ pub fn watch(
         let get = |k: &str| props.get(k).cloned().unwrap_or_default();
         let main_pid = get("MainPID").parse().ok().filter(|p| *p != 0);
         let pids = activity::unit_pids(&get("ControlGroup"), main_pid);
-        let port_open = port_open(spec.port);
+        let port_open = spec.port().is_some_and(port_open);
         let (model_listed, healthy) = match (&http, port_open) {
             (Some(http), true) => {
                 let listed = http

@@ -78,3 +78,40 @@ impl AptSource {
         })
     }
 }
+
+/// NVIDIA's name for the distribution a Proxmox template name says
+/// (`ubuntu-24.04-standard_...` is `ubuntu2404`, `debian-12-...` is `debian12`), for
+/// the releases NVIDIA signs with its CUDA repository key
+/// (`resources::apt_source::NVIDIA_KEY_FINGERPRINT`).
+pub fn nvidia_distribution(template: &str) -> Option<&'static str> {
+    let file = template.rsplit('/').next().unwrap_or(template);
+    [
+        ("ubuntu-20.04", "ubuntu2004"),
+        ("ubuntu-22.04", "ubuntu2204"),
+        ("ubuntu-24.04", "ubuntu2404"),
+        ("debian-12", "debian12"),
+    ]
+    .into_iter()
+    .find_map(|(prefix, d)| file.starts_with(prefix).then_some(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_names_give_nvidias_distribution() {
+        assert_eq!(
+            nvidia_distribution("local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"),
+            Some("ubuntu2404")
+        );
+        assert_eq!(
+            nvidia_distribution("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"),
+            Some("debian12")
+        );
+        assert_eq!(
+            nvidia_distribution("local:vztmpl/alpine-3.20-default.tar.xz"),
+            None
+        );
+    }
+}

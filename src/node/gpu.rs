@@ -8,15 +8,13 @@ use std::collections::BTreeSet;
 
 use super::NodeError;
 use super::config_edit::ConfigEdit;
+use crate::compile::render::context::NodeGpuView;
 use crate::gpu::facts::{FactSources, NodeFacts, gather_node_facts_raw};
 use crate::gpu::probe::parse_sections;
-use crate::render::context::NodeGpuView;
 use crate::resources::pve_lines::{LineOwner, PveLinesSpec, allow_major, is_allow_key, is_dev_key};
 use crate::transport::Transport;
 
-/// The environment variable naming the prefix of the node's `/dev` and `/proc`, for a node
-/// simulator whose GPUs are stand-ins (the lab's `LAB_GPU_ROOT`); unset on real nodes.
-pub const ROOT_ENV: &str = "PROVISION_NODE_ROOT";
+pub use crate::compile::ROOT_ENV;
 
 /// The label of the passthrough lines (the `gpu-passthrough` role's).
 pub const LABEL: &str = "gpu-passthrough";
@@ -100,7 +98,7 @@ impl NodeGpus {
 
     /// What the passthrough template sees of the node: live majors and minors.
     pub fn view(&self) -> NodeGpuView {
-        crate::render::passthrough::node_gpu_view(&self.facts)
+        crate::compile::render::passthrough::node_gpu_view(&self.facts)
     }
 
     /// Rendered passthrough lines pointed at this node's root (see [`Self::at_root`]).

@@ -16,7 +16,8 @@ use crate::resources::wire::Probe;
 /// "everything to create" changes without reading it again;
 /// and a guest's plan carries the record apply leaves (`manages`) and `removed` changes.
 /// 4: a target planned again after another's plan or a read of its node says so
-/// (`replanned`): its changes are not only the diff of what was read for it.
+/// (`replanned`): its changes are not only the diff of what was read for it; a service's
+/// readiness has no `port` (its `url`'s is the gate's).
 pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything that would change, grouped by target.

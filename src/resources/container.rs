@@ -9,7 +9,6 @@ use pve::normalize::same;
 use super::pve_lines::PveLinesSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::inventory::Container;
 pub use crate::inventory::container::RestartPolicy;
 use crate::plan::{Action, Attribute, Change};
 
@@ -90,71 +89,6 @@ pub struct ContainerSpec {
 }
 
 impl ContainerSpec {
-    /// The Proxmox configuration an inventory container declares.
-    pub fn from_inventory(pve_node: &str, hostname: &str, ct: &Container) -> Self {
-        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
-        let mut config: Vec<(String, String)> = vec![
-            ("ostemplate".into(), ct.template.to_string()),
-            ("hostname".into(), hostname.to_string()),
-            ("cores".into(), ct.cores.value.to_string()),
-            ("memory".into(), ct.memory.mib().to_string()),
-            ("swap".into(), ct.swap.mib().to_string()),
-            (
-                "rootfs".into(),
-                format!("{}:{}", ct.rootfs.storage.value, ct.rootfs.size.gib_text()),
-            ),
-            ("unprivileged".into(), flag(ct.unprivileged.value)),
-        ];
-        if let Some(f) = ct.features.pve_string() {
-            config.push(("features".into(), f));
-        }
-        for (i, nic) in ct.network.iter().enumerate() {
-            let mut parts = vec![
-                format!("name={}", nic.name.value),
-                format!("bridge={}", nic.bridge.value),
-                format!("ip={}", nic.ip.value),
-            ];
-            if let Some(gw) = &nic.gateway {
-                parts.push(format!("gw={}", gw.value));
-            }
-            if let Some(tag) = &nic.vlan {
-                parts.push(format!("tag={}", tag.value));
-            }
-            parts.push(format!("firewall={}", flag(nic.firewall.value)));
-            config.push((format!("net{i}"), parts.join(",")));
-        }
-        if !ct.nameservers.is_empty() {
-            let servers: Vec<String> = ct.nameservers.iter().map(|n| n.to_string()).collect();
-            config.push(("nameserver".into(), servers.join(" ")));
-        }
-        config.push(("onboot".into(), flag(ct.onboot.value)));
-        if !ct.tags.is_empty() {
-            // Proxmox stores tags lower-cased, sorted and unique, joined by `;`.
-            let mut tags: Vec<String> = ct.tags.iter().map(|t| t.as_str().to_lowercase()).collect();
-            tags.sort();
-            tags.dedup();
-            config.push(("tags".into(), tags.join(";")));
-        }
-        for (i, m) in ct.mounts.iter().enumerate() {
-            let mut v = format!("{},mp={}", m.host.value, m.path.value);
-            if m.read_only.value {
-                v.push_str(",ro=1");
-            }
-            v.push_str(&format!(",backup={}", flag(m.backup.value)));
-            config.push((format!("mp{i}"), v));
-        }
-        ContainerSpec {
-            vmid: ct.vmid.value,
-            pve_node: pve_node.to_string(),
-            config,
-            ssh_public_keys: ct.ssh_keys.iter().map(|k| k.to_string()).collect(),
-            restart: ct.restart.value,
-            bootstrap: false,
-            node_keys: Vec::new(),
-            login_keys: Vec::new(),
-        }
-    }
-
     /// Adds the keys provision logs in with (`(line, description)`) to those set at
     /// creation, each once (compared by key, not comment).
     pub fn add_login_keys(&mut self, keys: impl IntoIterator<Item = (String, String)>) {

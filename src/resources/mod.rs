@@ -4,6 +4,7 @@
 
 pub mod apt;
 pub mod apt_source;
+pub mod config_edit;
 pub mod container;
 pub mod cuda;
 pub mod directory;

@@ -440,15 +440,19 @@ mod tests {
         // The node step makes the same placement from the same config.
         let owns = |k: &str, v: &str| spec.owns(k, v);
         let edit =
-            crate::node::config_edit::ConfigEdit::toward(&spec.pairs(), &lines(&user), &owns);
+            crate::resources::config_edit::ConfigEdit::toward(&spec.pairs(), &lines(&user), &owns);
         assert_eq!(
             edit.set,
             lines(&[("dev1", "/dev/nvidia0"), ("dev3", "/dev/nvidiactl")])
         );
         assert!(edit.delete.is_empty(), "{edit:?}");
         assert!(
-            crate::node::config_edit::ConfigEdit::toward(&spec.pairs(), &lines(&converged), &owns)
-                .is_empty()
+            crate::resources::config_edit::ConfigEdit::toward(
+                &spec.pairs(),
+                &lines(&converged),
+                &owns
+            )
+            .is_empty()
         );
     }
 

@@ -2,6 +2,7 @@
 //! provision logs in to a guest with.
 
 use super::{Pool, SessionError, Settings};
+use crate::compile::render::context::guest_host;
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Container;
@@ -9,7 +10,6 @@ use crate::inventory::Loaded;
 use crate::inventory::node::SshTarget;
 use crate::inventory::secret::resolve_local;
 use crate::plan::{Action, Plan, Target};
-use crate::render::context::guest_host;
 use crate::resources::ResourceSpec;
 use crate::transport::ssh::login_keys::{LoginKey, login_keys};
 use crate::transport::ssh::{HostKeyPolicy, SshOptions};

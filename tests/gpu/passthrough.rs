@@ -8,6 +8,8 @@ use crate::gpunode;
 
 use assert_cmd::Command;
 use gpunode::{fake_node, fake_smi, fixture};
+use provision::compile::render::Renderer;
+use provision::compile::render::passthrough::{PassthroughError, passthrough_lines};
 use provision::gpu::checks::{
     self, CheckStatus, CudaExpectation, GuestExpectations, TorchExpectation,
 };
@@ -16,8 +18,6 @@ use provision::gpu::nccl::{self, NcclOutcome};
 use provision::gpu::parse;
 use provision::gpu::probe::{Section, parse_sections};
 use provision::inventory::container::{GpuMethod, GpuSelector};
-use provision::render::Renderer;
-use provision::render::passthrough::{PassthroughError, passthrough_lines};
 
 const X1: &str = "h200x1-lxc";
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use guestlab::{Guest, host};
 use provision::access::TargetReader;
 use provision::agent::client::{AgentBinary, AgentReader};
-use provision::engine::desired::{Library, desired_state};
+use provision::compile::{Library, desired_state};
 use provision::inventory::container::GpuSelector;
 use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};

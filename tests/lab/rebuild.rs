@@ -131,7 +131,7 @@ resources:
     unit: models-api.service
     unit_path: /etc/systemd/system/models-api.service
     depends_on: ["file:/etc/systemd/system/models-api.service", "file:/opt/models-api.py"]
-    readiness: {{ url: "http://127.0.0.1:{PORT}/v1/models", served_model_name: m, port: {PORT}, deadline_ms: 60000, stall_timeout_ms: 30000, poll_interval_ms: 200 }}
+    readiness: {{ url: "http://127.0.0.1:{PORT}/v1/models", served_model_name: m, deadline_ms: 60000, stall_timeout_ms: 30000, poll_interval_ms: 200 }}
 "#,
                 server = SERVER
             ),

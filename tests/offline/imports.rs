@@ -15,14 +15,9 @@ const KNOWN_BACK_EDGES: &[(&str, &str, &str)] = &[
         "a plan's Change carries its ResourceSpec and its read stamp the wire's Probes, while every kind's diff builds plan::Change (the typed delta of issue 23 is the fix)",
     ),
     (
-        "resources",
-        "node",
-        "pve_lines' diff uses node::config_edit::ConfigEdit::toward, a pure function beside the node-SSH edit",
-    ),
-    (
         "inventory",
         "resources",
-        "inventory/validate/software.rs checks an APT key with resources::apt_source's openpgp reader",
+        "inventory/software.rs's MlEnv::installer asks resources::uv whether uv's wheel is in the workstation's cache (the default installer), while kinds still take the inventory's value types (Secret, Pos, GpuSelector, RestartPolicy, package names)",
     ),
 ];
 

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use provision::compile::Library;
 use provision::diagnostic::Diagnostics;
-use provision::engine::desired::Library;
 use provision::inventory::load::{Loaded, parse_bytes};
 use provision::inventory::validate::validate;
 
@@ -32,7 +32,7 @@ fn check(yaml: &str) -> Result<(), String> {
     };
     let library = Library::load(&loaded).map_err(|d| d.render(false))?;
     validate(&loaded, &library.roles.names()).map_err(|d: Diagnostics| d.render(false))?;
-    provision::engine::desired::desired_state(&loaded, &library, &|_| None)
+    provision::compile::desired_state(&loaded, &library, &|_| None)
         .map(|_| ())
         .map_err(|d| d.render(false))
 }

@@ -5,11 +5,11 @@ use clap::Args;
 
 use super::{Capture, save_raw};
 use crate::cli::ExitStatus;
+use crate::compile::render::Renderer;
 use crate::diagnostic::Diagnostic;
 use crate::gpu::{self, FactSources};
 use crate::inventory::container::{GpuMethod, GpuSelector};
 use crate::printer::Printer;
-use crate::render::Renderer;
 use crate::transport::local::LocalTransport;
 
 /// Arguments of `provision gpu passthrough`.
@@ -48,8 +48,12 @@ pub fn run(
     let (facts, raw) = gpu::facts::gather_node_facts_raw(transport, &sources)?;
     save_raw(args.capture.save_raw.as_deref(), &raw)?;
     let renderer = Renderer::new(None)?;
-    match crate::render::passthrough::passthrough_lines(&facts, &args.gpus, args.method, &renderer)
-    {
+    match crate::compile::render::passthrough::passthrough_lines(
+        &facts,
+        &args.gpus,
+        args.method,
+        &renderer,
+    ) {
         Ok(lines) => {
             printer.result(&lines);
             Ok(ExitStatus::Success)

@@ -5,9 +5,10 @@ use std::collections::{HashMap, HashSet};
 use super::Validator;
 use crate::inventory::Pos;
 use crate::inventory::apt::AptRepository;
+use crate::inventory::apt::nvidia_distribution;
 use crate::inventory::container::Container;
 use crate::inventory::text::Name;
-use crate::resources::apt_source::{nvidia_distribution, openpgp};
+use crate::openpgp;
 
 impl Validator<'_> {
     /// A keyed repository: suites, and a key pinned by a whole fingerprint, unless the

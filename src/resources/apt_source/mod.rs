@@ -5,8 +5,6 @@
 //! verifies the repository's `InRelease` against it: a repository signed by another key
 //! fails `apt-get update` as it does by hand.
 
-pub mod openpgp;
-
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -14,11 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::file::FileSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
-use crate::inventory::Sp;
-use crate::inventory::apt::AptRepository;
-use crate::inventory::secret::resolve_local;
-use crate::inventory::text::Text;
 use crate::machine::HostError;
+use crate::openpgp;
 use crate::plan::{Action, Attribute, Change};
 
 /// NVIDIA's CUDA repository signing key (`cudatools <cudatools@nvidia.com>`, the
@@ -28,21 +23,6 @@ pub const NVIDIA_KEY_FINGERPRINT: &str = "EB693B3035CD5710E231E123A4B469963BF863
 /// NVIDIA's CUDA repository for a distribution (`ubuntu2404`), x86_64.
 pub fn nvidia_cuda_uri(distribution: &str) -> String {
     format!("https://developer.download.nvidia.com/compute/cuda/repos/{distribution}/x86_64/")
-}
-
-/// NVIDIA's name for the distribution a Proxmox template name says
-/// (`ubuntu-24.04-standard_...` is `ubuntu2404`, `debian-12-...` is `debian12`), for
-/// the releases NVIDIA signs with [`NVIDIA_KEY_FINGERPRINT`].
-pub fn nvidia_distribution(template: &str) -> Option<&'static str> {
-    let file = template.rsplit('/').next().unwrap_or(template);
-    [
-        ("ubuntu-20.04", "ubuntu2004"),
-        ("ubuntu-22.04", "ubuntu2204"),
-        ("ubuntu-24.04", "ubuntu2404"),
-        ("debian-12", "debian12"),
-    ]
-    .into_iter()
-    .find_map(|(prefix, d)| file.starts_with(prefix).then_some(d))
 }
 
 /// A repository signing key pinned by fingerprint.
@@ -81,27 +61,6 @@ pub struct AptSourceSpec {
 }
 
 impl AptSourceSpec {
-    /// The source `name` as the inventory declares `repo`; a key file is made absolute
-    /// against the inventory's folder (it is read at apply time).
-    pub fn from_inventory(name: &str, repo: &AptRepository, base_dir: &Path) -> Self {
-        let texts = |v: &[Sp<Text>]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>();
-        AptSourceSpec {
-            name: name.to_string(),
-            uris: vec![repo.uri.to_string()],
-            suites: texts(&repo.suites),
-            components: texts(&repo.components),
-            key: repo.key.as_ref().map(|k| AptKeySpec {
-                url: k.url.as_ref().map(|u| u.to_string()),
-                file: k
-                    .file
-                    .as_ref()
-                    .map(|f| resolve_local(f, base_dir).display().to_string()),
-                fingerprint: openpgp::normalize(k.fingerprint.as_str()),
-            }),
-            trusted: repo.trusted.value,
-        }
-    }
-
     /// NVIDIA's CUDA repository for `distribution`, keyed by NVIDIA's signing key.
     pub fn nvidia_cuda(distribution: &str) -> Self {
         let uri = nvidia_cuda_uri(distribution);
@@ -308,22 +267,6 @@ pub fn install_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn template_names_give_nvidias_distribution() {
-        assert_eq!(
-            nvidia_distribution("local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"),
-            Some("ubuntu2404")
-        );
-        assert_eq!(
-            nvidia_distribution("local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"),
-            Some("debian12")
-        );
-        assert_eq!(
-            nvidia_distribution("local:vztmpl/alpine-3.20-default.tar.xz"),
-            None
-        );
-    }
 
     #[test]
     fn the_sources_file_is_deb822_with_signed_by_and_trusted_only_when_asked() {

@@ -449,7 +449,7 @@ pub fn preflight(service: &ServiceSpec) -> Result<PreflightReport, PreflightErro
             .warnings
             .push(format!("{why}: the GPU count was not checked")),
     }
-    if let Some(port) = service.readiness.as_ref().map(|r| r.port) {
+    if let Some(port) = service.readiness.as_ref().and_then(|r| r.port()) {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         if TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
             && !unit_active(&service.unit)

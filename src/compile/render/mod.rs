@@ -20,15 +20,15 @@ use crate::transport::shell_quote;
 pub const BUILTIN_TEMPLATES: &[(&str, &str)] = &[
     (
         "sglang.service.hbs",
-        include_str!("../../templates/sglang.service.hbs"),
+        include_str!("../../../templates/sglang.service.hbs"),
     ),
     (
         "cuda-profile.sh.hbs",
-        include_str!("../../templates/cuda-profile.sh.hbs"),
+        include_str!("../../../templates/cuda-profile.sh.hbs"),
     ),
     (
         "lxc-gpu-passthrough.conf.hbs",
-        include_str!("../../templates/lxc-gpu-passthrough.conf.hbs"),
+        include_str!("../../../templates/lxc-gpu-passthrough.conf.hbs"),
     ),
 ];
 

@@ -3,18 +3,17 @@
 
 use std::collections::BTreeSet;
 
+use super::container::{apt_source_spec, container_spec};
+use super::render::Renderer;
+use super::render::context::{NodeGpuView, container_context, guest_host};
+use super::render::roles::RoleSet;
+use super::render::service::build_all;
 use super::{Desired, DesiredTarget};
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::inventory::Loaded;
 use crate::inventory::secret::resolve_local;
 use crate::plan::Target;
-use crate::render::Renderer;
-use crate::render::context::{NodeGpuView, container_context, guest_host};
-use crate::render::roles::RoleSet;
-use crate::render::service::build_all;
 use crate::resources::apt::AptSpec;
-use crate::resources::apt_source::AptSourceSpec;
-use crate::resources::container::ContainerSpec;
 use crate::resources::file::FileSpec;
 use crate::resources::{ResourceSpec, TargetKind};
 
@@ -54,13 +53,9 @@ pub fn desired_state(
 ) -> Result<Vec<DesiredTarget>, Diagnostics> {
     let mut targets = Vec::new();
     let mut errors = Vec::new();
-    let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
+    let root = std::env::var(super::ROOT_ENV).unwrap_or_default();
     for (node_name, node) in &loaded.inventory.nodes {
-        targets.extend(super::node_desired::node_target(
-            node_name.as_str(),
-            node,
-            &root,
-        ));
+        targets.extend(super::node::node_target(node_name.as_str(), node, &root));
         let view = gpu_view(node_name.as_str());
         for (ct_name, ct) in &node.containers {
             let services = build_all(ct, &loaded.path);
@@ -77,7 +72,7 @@ pub fn desired_state(
                 .hostname
                 .as_ref()
                 .map_or(ct_name.to_string(), |h| h.to_string());
-            let mut spec = ContainerSpec::from_inventory(node.api.node.as_str(), &hostname, ct);
+            let mut spec = container_spec(node.api.node.as_str(), &hostname, ct);
             spec.bootstrap = node.ssh.host.is_some();
             // A token may not write bind mounts and the like: with node SSH they are node
             // steps (`pct set` as root); without it the API read refuses them at plan time.
@@ -95,7 +90,7 @@ pub fn desired_state(
             let mut guest: Vec<Desired> = Vec::new();
             for source in &ct.apt_sources {
                 let spec = match (&source.line, source.repository()) {
-                    (_, Some(repo)) => ResourceSpec::AptSource(AptSourceSpec::from_inventory(
+                    (_, Some(repo)) => ResourceSpec::AptSource(apt_source_spec(
                         source.name.as_str(),
                         &repo,
                         &loaded.base_dir,

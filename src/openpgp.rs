@@ -190,8 +190,8 @@ mod tests {
         );
     }
 
-    const RSA: &[u8] = include_bytes!("../../../tests/fixtures/apt/rsa.asc");
-    const ED: &[u8] = include_bytes!("../../../tests/fixtures/apt/ed25519.gpg");
+    const RSA: &[u8] = include_bytes!("../tests/fixtures/apt/rsa.asc");
+    const ED: &[u8] = include_bytes!("../tests/fixtures/apt/ed25519.gpg");
 
     /// The fingerprints gpg printed for the fixtures (tests/fixtures/apt/README.md).
     #[test]

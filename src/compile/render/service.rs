@@ -1,8 +1,10 @@
 //! A service of the inventory, built once in Rust from its typed fields: the one
 //! [`ServiceSpec`] that the plan, the deploy and the health gate use (argv, environment,
-//! user, readiness, preflight), and the [`ServiceView`] a unit template renders the unit
-//! file from. Nothing here goes through JSON and back: roles only say that a container gets
-//! the service (`kind: service`, `of:`), templates only render file contents.
+//! user, readiness, preflight), and, derived from it ([`ServiceView::of`]), the
+//! [`ServiceView`] a unit template renders the unit file from. The served name and the port
+//! are written once, into the argv; the readiness and the view read them from there.
+//! Nothing here goes through JSON and back: roles only say that a container gets the
+//! service (`kind: service`, `of:`), templates only render file contents.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -150,6 +152,64 @@ pub struct ServiceView {
     pub fallback_name: Option<String>,
 }
 
+/// What only the unit file says (not part of what runs): its description, systemd's
+/// restart policy, the model it names, extra directives.
+struct UnitOnly {
+    description: String,
+    restart: RestartView,
+    model: Option<ModelRef>,
+    directives: Vec<Directive>,
+}
+
+impl ServiceView {
+    /// The view of `spec`'s unit file: everything that runs is read from the spec (the argv
+    /// `groups` are its `exec_start` by line, `environment` its assignments by name), so
+    /// the unit text and the spec the plan, deploy and gate use cannot say two things.
+    fn of(
+        name: &str,
+        spec: &ServiceSpec,
+        environment: Vec<EnvVar>,
+        groups: Vec<Vec<String>>,
+        unit: UnitOnly,
+    ) -> ServiceView {
+        ServiceView {
+            name: name.to_string(),
+            unit: spec.unit.clone(),
+            unit_path: spec.unit_path.clone(),
+            description: unit.description,
+            user: spec.user.clone(),
+            working_directory: spec.working_directory.clone(),
+            environment,
+            argv: groups,
+            exec_start: spec.exec_start.clone(),
+            environment_assignments: spec.environment.clone(),
+            served_model_name: flag_value(&spec.exec_start, "--served-model-name").to_string(),
+            port: flag_value(&spec.exec_start, "--port")
+                .parse()
+                .unwrap_or_default(),
+            tp: flag_value(&spec.exec_start, "--tp-size")
+                .parse()
+                .unwrap_or_default(),
+            depends_on: spec.depends_on.clone(),
+            restart: unit.restart,
+            readiness: spec.readiness.clone(),
+            preflight: spec.preflight.clone(),
+            model: unit.model,
+            directives: unit.directives,
+            fallbacks: Vec::new(),
+            fallback_name: None,
+        }
+    }
+}
+
+/// The value after `flag` in `argv` (`--port` → `30000`); empty when it is not there.
+fn flag_value<'a>(argv: &'a [String], flag: &str) -> &'a str {
+    argv.iter()
+        .position(|w| w == flag)
+        .and_then(|i| argv.get(i + 1))
+        .map_or("", String::as_str)
+}
+
 /// Every service of container `ct`, declared in `file`.
 pub fn build_all(ct: &Container, file: &Path) -> Vec<BuiltService> {
     ct.services
@@ -202,21 +262,6 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
         .or_else(|| ct.ml_env.as_ref().map(|e| e.path.to_string()))
         .unwrap_or_else(|| "/".to_string());
     let argv = sglang::argv(svc, &python, &model_path, model_pos);
-    let assignments: Vec<String> = environment
-        .iter()
-        .map(|e| format!("{}={}", e.name, e.value))
-        .collect();
-    let readiness = Readiness {
-        url: svc.readiness.url.as_ref().map_or_else(
-            || format!("http://127.0.0.1:{}/v1/models", svc.port.value),
-            |u| u.to_string(),
-        ),
-        served_model_name: svc.served_model_name.to_string(),
-        port: svc.port.value,
-        deadline_ms: svc.readiness.deadline.millis(),
-        stall_timeout_ms: svc.readiness.stall_timeout.millis(),
-        poll_interval_ms: svc.readiness.poll_interval.millis(),
-    };
     let preflight = ct.ml_env.as_ref().map(|env| Preflight {
         venv: crate::generations::paths(env).venv,
         links: crate::generations::paths(env).links,
@@ -227,16 +272,19 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
     });
     let mut settings = argv.positions.clone();
     settings.extend(env_positions);
-    let spec = ServiceSpec {
+    let mut spec = ServiceSpec {
         unit: unit.clone(),
         unit_path: unit_path.clone(),
         exec_start: argv.flat(),
-        environment: assignments.clone(),
+        environment: environment
+            .iter()
+            .map(|e| format!("{}={}", e.name, e.value))
+            .collect(),
         user: svc.user.to_string(),
-        working_directory: working_directory.clone(),
+        working_directory,
         enabled: true,
         depends_on: runs_on(&unit_path, svc, ct, &model_path),
-        readiness: Some(readiness),
+        readiness: None,
         preflight,
         fallbacks: Vec::new(),
         declared: Declared {
@@ -245,30 +293,30 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
             settings,
         },
     };
-    let view = ServiceView {
-        name: name.to_string(),
-        unit,
-        unit_path,
+    // The argv is the one place the served name and the port are written: the gate asks
+    // for what the server was started with.
+    let served = flag_value(&spec.exec_start, "--served-model-name").to_string();
+    let port = flag_value(&spec.exec_start, "--port").to_string();
+    spec.readiness = Some(Readiness {
+        url: svc.readiness.url.as_ref().map_or_else(
+            || format!("http://127.0.0.1:{port}/v1/models"),
+            |u| u.to_string(),
+        ),
+        served_model_name: served.clone(),
+        deadline_ms: svc.readiness.deadline.millis(),
+        stall_timeout_ms: svc.readiness.stall_timeout.millis(),
+        poll_interval_ms: svc.readiness.poll_interval.millis(),
+    });
+    let unit_only = UnitOnly {
         description: svc.description.as_ref().map_or_else(
             || {
                 format!(
-                    "SGLang serving {} ({})",
-                    svc.served_model_name.value,
+                    "SGLang serving {served} ({})",
                     model.map_or(model_path.clone(), |m| m.repo.to_string())
                 )
             },
             |d| d.to_string(),
         ),
-        user: spec.user.clone(),
-        working_directory,
-        environment,
-        exec_start: spec.exec_start.clone(),
-        argv: argv.groups,
-        environment_assignments: assignments,
-        served_model_name: svc.served_model_name.to_string(),
-        port: svc.port.value,
-        tp: svc.tp.value,
-        depends_on: spec.depends_on.clone(),
         restart: RestartView {
             policy: svc.restart.policy.as_str(),
             delay: svc.restart.delay.systemd(),
@@ -277,8 +325,6 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
             timeout_start: svc.restart.timeout_start.systemd(),
             timeout_stop: svc.restart.timeout_stop.systemd(),
         },
-        readiness: spec.readiness.clone(),
-        preflight: spec.preflight.clone(),
         model: model.map(|m| ModelRef {
             repo: m.repo.to_string(),
             path: m.path.to_string(),
@@ -287,9 +333,8 @@ fn build(name: &Name, svc: &Service, ct: &Container, file: &Path) -> (ServiceSpe
             .into_iter()
             .map(|(name, value)| Directive { name, value })
             .collect(),
-        fallbacks: Vec::new(),
-        fallback_name: None,
     };
+    let view = ServiceView::of(name.as_str(), &spec, environment, argv.groups, unit_only);
     (spec, view)
 }
 
@@ -324,7 +369,7 @@ fn environment(svc: &Service, ct: &Container) -> (Vec<EnvVar>, BTreeMap<String, 
 
 /// What the service runs on, as `kind:name` addresses: a change of any of them means a
 /// restart. Those no role of the container declares are dropped once the roles are
-/// expanded (`engine::desired`), so no role is named here.
+/// expanded (`compile::desired`), so no role is named here.
 fn runs_on(unit_path: &str, svc: &Service, ct: &Container, model_path: &str) -> Vec<String> {
     let mut deps = vec![format!("file:{unit_path}")];
     if svc.model.is_some() {
@@ -396,15 +441,22 @@ mod tests {
 
     use super::*;
 
+    const LLM_TWO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/inventory/llm-two.yaml");
+
+    /// The services of llm-two's one container, built.
+    fn llm_two_services() -> Vec<BuiltService> {
+        let loaded = crate::inventory::load(Path::new(LLM_TWO)).unwrap();
+        let (_, node) = loaded.inventory.nodes.iter().next().unwrap();
+        let (_, ct) = node.containers.iter().next().unwrap();
+        build_all(ct, Path::new(LLM_TWO))
+    }
+
     /// llm-two's service, built: the argv and environment carry where the inventory set
     /// them, so findings after rendering name the line to change.
     #[test]
     fn positions_travel_with_the_built_service() {
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/inventory/llm-two.yaml"
-        ));
-        let loaded = crate::inventory::load(path).unwrap();
+        let path = Path::new(LLM_TWO);
+        let built = llm_two_services();
         let text = std::fs::read_to_string(path).unwrap();
         let at = |needle: &str| {
             let (n, line) = text
@@ -415,9 +467,6 @@ mod tests {
             let col = line.find(':').unwrap() + 3;
             format!("{}:{}:{col}", path.display(), n + 1)
         };
-        let (_, node) = loaded.inventory.nodes.iter().next().unwrap();
-        let (_, ct) = node.containers.iter().next().unwrap();
-        let built = build_all(ct, path);
         let spec = &built[0].spec;
         assert_eq!(
             spec.declared.at("--mamba-scheduler-strategy"),
@@ -438,12 +487,11 @@ mod tests {
             .filter_map(|e| e.split_once('=').map(|(n, _)| n))
             .collect();
         assert_eq!(env, ["CUDA_HOME", "PATH", "SGLANG_ENABLE_SPEC_V2"]);
-        // One description: the view the unit template renders is the spec's argv.
-        assert_eq!(built[0].view.exec_start, spec.exec_start);
-        assert_eq!(
-            spec.readiness.as_ref().unwrap().served_model_name,
-            "qwen3.5-122b"
-        );
+        // The gate asks for the name and the port the server is started with.
+        let readiness = spec.readiness.as_ref().unwrap();
+        assert_eq!(readiness.served_model_name, "qwen3.5-122b");
+        assert_eq!(readiness.url, "http://127.0.0.1:30000/v1/models");
+        assert_eq!(readiness.port(), Some(30000));
         // The fallback drops the two settings and keeps everything else.
         let (name, fb, _) = &built[0].fallbacks[0];
         assert_eq!(name, "without MTP");
@@ -458,5 +506,57 @@ mod tests {
                 .any(|e| e.starts_with("SGLANG_ENABLE_SPEC_V2="))
         );
         assert_eq!(fb.unit_path, spec.unit_path);
+    }
+
+    /// The words and assignments a unit file's `ExecStart=` (with its `\` continuations)
+    /// and `Environment=` lines give systemd, unquoted as systemd unquotes them.
+    fn unit_argv_and_environment(unit: &str) -> (Vec<String>, Vec<String>) {
+        let unescape = |w: String| w.replace("%%", "%");
+        let mut lines = unit.lines();
+        let mut argv = Vec::new();
+        let mut env = Vec::new();
+        while let Some(line) = lines.next() {
+            if let Some(first) = line.strip_prefix("ExecStart=") {
+                let mut text = first.to_string();
+                while let Some(head) = text.strip_suffix('\\') {
+                    text = format!("{head} {}", lines.next().unwrap_or_default());
+                }
+                argv = crate::resources::service::systemd::split_shown(&text)
+                    .into_iter()
+                    .map(|w| unescape(w.replace("$$", "$")))
+                    .collect();
+            } else if let Some(a) = line.strip_prefix("Environment=") {
+                env.extend(
+                    crate::resources::service::systemd::split_shown(a)
+                        .into_iter()
+                        .map(unescape),
+                );
+            }
+        }
+        (argv, env)
+    }
+
+    /// The unit text is rendered from the spec: the built-in template, given llm-two's
+    /// service and its fallback, makes systemd run exactly the spec's argv with exactly
+    /// its environment (what the deploy otherwise finds out only on the target).
+    #[test]
+    fn the_unit_file_runs_what_the_spec_says() {
+        let built = llm_two_services();
+        let renderer = crate::compile::render::Renderer::new(None).unwrap();
+        let unit = |view: &ServiceView| {
+            let ctx = serde_json::json!({ "service": view, "cuda": true });
+            renderer.render("sglang.service.hbs", &ctx).unwrap()
+        };
+        let b = &built[0];
+        assert_eq!(
+            unit_argv_and_environment(&unit(&b.view)),
+            (b.spec.exec_start.clone(), b.spec.environment.clone())
+        );
+        let (_, fb, fb_view) = &b.fallbacks[0];
+        assert_eq!(
+            unit_argv_and_environment(&unit(fb_view)),
+            (fb.exec_start.clone(), fb.environment.clone())
+        );
+        assert!(b.spec.exec_start.len() > fb.exec_start.len());
     }
 }

@@ -18,12 +18,15 @@ use crate::resources::{ResourceSpec, parse_mode};
 pub const BUILTIN_ROLES: &[(&str, &str)] = &[
     (
         "gpu-passthrough",
-        include_str!("../../roles/gpu-passthrough.yaml"),
+        include_str!("../../../roles/gpu-passthrough.yaml"),
     ),
-    ("cuda", include_str!("../../roles/cuda.yaml")),
-    ("ml-env", include_str!("../../roles/ml-env.yaml")),
-    ("model-store", include_str!("../../roles/model-store.yaml")),
-    ("sglang", include_str!("../../roles/sglang.yaml")),
+    ("cuda", include_str!("../../../roles/cuda.yaml")),
+    ("ml-env", include_str!("../../../roles/ml-env.yaml")),
+    (
+        "model-store",
+        include_str!("../../../roles/model-store.yaml"),
+    ),
+    ("sglang", include_str!("../../../roles/sglang.yaml")),
 ];
 
 /// A role file.

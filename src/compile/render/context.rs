@@ -58,9 +58,12 @@ pub fn guest_host(ct: &Container) -> Option<String> {
 /// NVIDIA's for the distribution the template's name says (`None` when it says none
 /// NVIDIA knows; validation refuses that).
 fn cuda_repository(c: &crate::inventory::software::Cuda, ct: &Container, base_dir: &Path) -> Value {
-    use crate::resources::apt_source::{AptSourceSpec, nvidia_distribution};
+    use crate::inventory::apt::nvidia_distribution;
+    use crate::resources::apt_source::AptSourceSpec;
     let spec = match &c.repository {
-        Some(r) => Some(AptSourceSpec::from_inventory("cuda", r, base_dir)),
+        Some(r) => Some(crate::compile::container::apt_source_spec(
+            "cuda", r, base_dir,
+        )),
         None => nvidia_distribution(ct.template.as_str()).map(AptSourceSpec::nvidia_cuda),
     };
     serde_json::to_value(spec).unwrap_or(Value::Null)
