@@ -1,33 +1,39 @@
-//! The operations that carry out a target plan: API and node operations for a container,
-//! guest steps for the rest, a service's preflight before its unit is written (and before
-//! the weights of the model it reads). Derived from
-//! the plan alone, so a saved plan runs exactly what it shows.
+//! The operations that carry out a target plan, in order. Each kind turns its change into
+//! its own operations (`Resource::ops`: guest steps, API calls, node steps); what is left
+//! here is the order across kinds: a service's preflight before its unit is written (and
+//! before the weights of the model it reads), a container started after its root-only
+//! lines, the guest's record written first and last, the generation switch before the
+//! first deploy. Derived from the plan alone, so a saved plan runs exactly what it shows.
 
 use std::collections::HashMap;
 
 use super::reconcile::ApplyOptions;
-use crate::access::{ApiOp, NodeOp, Op};
-use crate::plan::{Change, Target, TargetPlan};
+use crate::access::{ApiOp, Op};
+use crate::plan::{Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::managed::Entry;
+use crate::resources::op::Allowed;
 use crate::resources::wire::Step;
 
-/// The operations that carry out `t`'s changes, in order: API and node operations for the
-/// container, guest steps (a service's preflight before its unit). A change that cannot be
-/// applied yet is added to `unsupported`.
+/// The operations that carry out `t`'s changes, in order: API and node operations first,
+/// in the order of their changes (a container's start after its root-only lines), then
+/// the guest steps (a service's preflight before its unit). A change that cannot be
+/// applied is added to `unsupported`.
 pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<String>) -> Vec<Op> {
+    let allowed = Allowed {
+        rollback: options.rollback,
+        replace: options.allow_replace,
+        install_driver: options.install_driver,
+    };
     let mut ops = Vec::new();
     let mut steps = Vec::new();
+    // A container's start asked for by a kind whose lines take effect only at a start.
+    let mut start = None;
     let mut preflights = preflights_of(t);
     // Fail early: a model a pending preflight reads is pulled in two passes, all but the
     // weights first; the weights wait, by unit file, until that preflight has passed, so a
     // refused argv or a broken stack stops the apply before hours of download.
     let mut weights: HashMap<String, Step> = HashMap::new();
-    let lines: Vec<&Change> = t
-        .changes
-        .iter()
-        .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-        .collect();
     for c in &t.changes {
         // A service's preflight runs before its unit is written, or before its deploy
         // when the unit itself does not change: a refused argv changes nothing.
@@ -42,76 +48,36 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             steps.push(step);
             steps.extend(weights.remove(&k));
         }
-        if let ResourceSpec::Container(spec) = &c.spec {
-            // Applied through the node's API, not by guest steps; started only after
-            // root-only lines, when there are any.
-            ops.push(Op::Api(ApiOp::Container {
-                address: c.address.clone(),
-                spec: spec.clone(),
-                action: c.action,
-                allow_replace: options.allow_replace,
-                start: lines.is_empty(),
-            }));
-            continue;
-        }
-        if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
-            // Root-only: over the node's SSH as root.
-            ops.push(Op::Node(NodeOp::Lines {
-                address: c.address.clone(),
-                spec: spec.clone(),
-            }));
-            continue;
-        }
-        if let ResourceSpec::Template(spec) = &c.spec {
-            // Fetched by the node through its API, before any container needs it.
-            ops.push(Op::Api(ApiOp::Template {
-                address: c.address.clone(),
-                spec: spec.clone(),
-            }));
-            continue;
-        }
-        match c.spec.resource().steps(c) {
-            Ok(s)
-                if !options.install_driver
-                    && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
-            {
-                unsupported.push(format!(
-                    "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
-                    c.address
-                ));
+        let carried = match c.spec.resource().ops(c, &allowed) {
+            Ok(carried) => carried,
+            Err(why) => {
+                unsupported.push(format!("{}: {why}", c.address));
+                continue;
             }
-            Ok(s) => {
-                for mut step in s {
-                    // The node fetches the `.run` and pushes it in before the guest runs it.
-                    if let Step::InstallUserspace { url, sha256, .. } = &step {
-                        ops.push(Op::Node(NodeOp::PushInstaller {
-                            address: c.address.clone(),
-                            url: url.clone(),
-                            sha256: sha256.clone(),
-                        }));
-                    }
-                    if let Step::DeployService(d) = &mut step {
-                        d.rollback = options.rollback;
-                    }
-                    if let Step::ModelPull(m) = &step
-                        && let Some(unit) = reader_of(&preflights, &m.dest)
-                    {
+        };
+        for op in carried {
+            match op {
+                Op::Guest(Step::ModelPull(m)) => match reader_of(&preflights, &m.dest) {
+                    Some(unit) => {
                         steps.push(Step::ModelPull(Box::new(m.small_files())));
-                        weights.insert(unit, step);
-                        continue;
+                        weights.insert(unit, Step::ModelPull(m));
                     }
-                    steps.push(step);
-                }
+                    None => steps.push(Step::ModelPull(m)),
+                },
+                Op::Guest(step) => steps.push(step),
+                Op::Api(ApiOp::Start { .. }) => start = Some(op),
+                other => ops.push(other),
             }
-            Err(why) => unsupported.push(format!("{}: {why}", c.address)),
         }
     }
-    if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
+    if let Some(start) = start {
         // Root-only lines take effect at a start: create (stopped) -> lines -> start.
-        ops.push(Op::Api(ApiOp::Start {
-            vmid: *vmid,
-            reboot: true,
-        }));
+        for op in &mut ops {
+            if let Op::Api(ApiOp::Container { start, .. }) = op {
+                *start = false;
+            }
+        }
+        ops.push(start);
     }
     // Every pending preflight is met at its service's change, so nothing is left here; if
     // one were, its weights are still pulled, last.
@@ -167,7 +133,7 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Action;
+    use crate::plan::{Action, Change};
     use crate::resources::file::FileSpec;
     use crate::resources::managed::{Record, Removal, record_of};
 

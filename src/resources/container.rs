@@ -1,5 +1,6 @@
 //! A container's Proxmox configuration, as the node's API reads and writes it.
 
+use super::op::{Allowed, ApiOp, Op};
 use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
@@ -7,7 +8,7 @@ use std::collections::BTreeMap;
 use pve::normalize::same;
 
 use super::pve_lines::PveLinesSpec;
-use super::wire::{Facts, NotRead, Probe, Step};
+use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 use crate::inventory::Container;
 pub use crate::inventory::container::RestartPolicy;
@@ -439,11 +440,16 @@ impl Resource for ContainerSpec {
         })
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        // A container is changed through its node's API (`Op::Api`), not by guest steps.
-        Err(StepsError::NotBuilt(
-            "a container's config is applied through the Proxmox API, not by guest steps",
-        ))
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // Through the node's API. Started here unless root-only lines are written first
+        // (then their kind's `ApiOp::Start` follows them, and the engine says so).
+        Ok(vec![Op::Api(ApiOp::Container {
+            address: change.address.clone(),
+            spec: self.clone(),
+            action: change.action,
+            allow_replace: allowed.replace,
+            start: true,
+        })])
     }
 }
 

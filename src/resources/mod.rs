@@ -16,6 +16,7 @@ pub mod managed;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
+pub mod op;
 pub mod pip_editable;
 pub mod pip_packages;
 pub mod pve_lines;
@@ -28,7 +29,7 @@ pub mod wire;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Action, Attribute, Change};
-use wire::{Facts, NotRead, Probe, Step};
+use wire::{Facts, NotRead, Probe};
 
 /// Every kind of resource, tagged by `kind` as roles and plans write it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,19 +159,18 @@ pub trait Resource {
     fn warnings(&self, _facts: &Facts) -> Vec<String> {
         Vec::new()
     }
-    /// The steps that carry out `change` (a change of this resource), run on the target in
-    /// order. An `Err` says what cannot be done (not built yet, a secret not readable);
-    /// apply refuses the whole plan first.
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError>;
+    /// The operations that carry out `change` (a change of this resource), in order,
+    /// whatever carries them: guest steps, calls to the node's API, root-only node steps.
+    /// An `Err` says what cannot be done (a refusal, a secret not readable); apply refuses
+    /// the whole plan first.
+    fn ops(&self, change: &Change, allowed: &op::Allowed) -> Result<Vec<op::Op>, StepsError>;
 }
 
-/// Why a change has no steps.
+/// Why a change has no operations.
 #[derive(Debug, thiserror::Error)]
 pub enum StepsError {
-    /// Applying this kind is not built yet (the Proxmox side).
-    #[error("{0}")]
-    NotBuilt(&'static str),
-    /// The change would destroy or hide data, or needs what provision does not do itself.
+    /// The change would destroy or hide data, or needs what provision does not do itself
+    /// (or was not allowed to: `--install-driver`).
     #[error("{0}")]
     Refused(String),
     /// A secret the steps carry cannot be read on the workstation.

@@ -3,6 +3,7 @@
 //! hidden: an exported pool is imported, never created; a dataset is never created over a
 //! folder that holds data; anything else in the way is a conflict with the evidence.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -260,11 +261,11 @@ impl Resource for ModelStorageSpec {
         })
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         if let Some(c) = change.attributes.iter().find(|a| a.name == CONFLICT) {
             return Err(StepsError::Refused(c.after.clone().unwrap_or_default()));
         }
-        Ok(vec![match &self.zfs {
+        guest(vec![match &self.zfs {
             None => Step::Mkdir {
                 path: self.path.clone(),
                 owner: "root".into(),

@@ -8,6 +8,7 @@
 //! Everything is read and written under the node's root (`PROVISION_NODE_ROOT`, empty on
 //! real nodes; the lab's stand-in root), never elsewhere.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -195,7 +196,7 @@ impl Resource for NvidiaHostSpec {
         )]
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
         let has = |name: &str| change.attributes.iter().any(|a| a.name == name);
         let mut steps = Vec::new();
         if has("driver") {
@@ -205,6 +206,11 @@ impl Resource for NvidiaHostSpec {
                     self.driver
                 )));
             };
+            if !allowed.install_driver {
+                return Err(StepsError::Refused(
+                    "installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`".into(),
+                ));
+            }
             steps.push(Step::InstallDriver {
                 root: self.root.clone(),
                 path: path.clone(),
@@ -226,7 +232,7 @@ impl Resource for NvidiaHostSpec {
                 content: Some(UVM_UNIT_CONTENT.into()),
             });
         }
-        Ok(steps)
+        guest(steps)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod openpgp;
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -205,7 +206,7 @@ impl Resource for AptSourceSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         let mut steps = Vec::new();
         if let Some(k) = &self.key
             && change.attributes.iter().any(|a| a.name == "signed-by")
@@ -236,7 +237,7 @@ impl Resource for AptSourceSpec {
             group: file.group,
             mode: file.mode,
         });
-        Ok(steps)
+        guest(steps)
     }
 }
 

@@ -1,6 +1,7 @@
 //! A systemd service: enabled, running, restarted only when something it depends on
 //! changed, and health-gated after every (re)start.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -382,13 +383,13 @@ impl Resource for ServiceSpec {
             .collect()
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
         let (restart, wait_first) = restart_of(change);
-        Ok(vec![Step::DeployService(Box::new(Deploy {
+        guest([Step::DeployService(Box::new(Deploy {
             service: self.clone(),
             restart,
             wait_first,
-            rollback: true,
+            rollback: allowed.rollback,
         }))])
     }
 }
