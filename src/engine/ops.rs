@@ -204,4 +204,147 @@ mod tests {
         assert!(matches!(steps[2], Step::WriteFile { .. }), "{steps:?}");
         assert_eq!(steps[3], &Step::Record(kept));
     }
+
+    fn node_plan(changes: Vec<Change>) -> TargetPlan {
+        TargetPlan {
+            target: Target::Node {
+                node: "n".into(),
+                api: "https://n:8006".into(),
+            },
+            changes,
+            unchanged: 0,
+            read: None,
+            warnings: Vec::new(),
+            not_read: None,
+            manages: None,
+        }
+    }
+
+    /// A change as its kind's diff makes it, from an empty world.
+    fn diffed(spec: ResourceSpec) -> Change {
+        let d = spec
+            .resource()
+            .diff(&crate::resources::wire::Facts::Empty)
+            .unwrap()
+            .expect("a change");
+        let mut c = change(spec, d.action);
+        c.attributes = d.attributes;
+        c.typed = d.typed;
+        c
+    }
+
+    fn nvidia(installer: bool) -> ResourceSpec {
+        ResourceSpec::NvidiaHost(crate::resources::nvidia_host::NvidiaHostSpec {
+            root: "/r".into(),
+            driver: "580.82.07".into(),
+            persistenced: true,
+            uvm_at_boot: false,
+            installer: installer.then(|| ("/root/NVIDIA.run".into(), "ab".repeat(32))),
+            kernel_cmdline: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn the_node_driver_runs_only_with_install_driver_as_its_typed_delta_says() {
+        let t = node_plan(vec![diffed(nvidia(true))]);
+        let mut unsupported = Vec::new();
+        assert!(ops_of(&t, &ApplyOptions::default(), &mut unsupported).is_empty());
+        assert_eq!(unsupported.len(), 1, "{unsupported:?}");
+        assert!(
+            unsupported[0].contains("runs only with `apply --install-driver`"),
+            "{unsupported:?}"
+        );
+        let allowed = ApplyOptions {
+            install_driver: true,
+            ..ApplyOptions::default()
+        };
+        let mut unsupported = Vec::new();
+        let ops = ops_of(&t, &allowed, &mut unsupported);
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::InstallDriver { .. }), Op::Guest(Step::NodeUnit { unit, .. })] if unit == "nvidia-persistenced.service"),
+            "{ops:?}"
+        );
+        // The typed delta decides, not the attribute's label: a change that shows `driver`
+        // but whose diff said only the persistence daemon runs installs nothing.
+        let mut c = diffed(nvidia(true));
+        c.typed = Some(crate::resources::Typed::NvidiaHost {
+            driver: false,
+            persistenced: true,
+            uvm: false,
+        });
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![c]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::NodeUnit { .. })]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_model_storage_conflict_is_refused_by_its_typed_delta() {
+        let spec = ResourceSpec::ModelStorage(crate::resources::model_storage::ModelStorageSpec {
+            path: "/srv/models".into(),
+            zfs: None,
+        });
+        let mut c = change(spec, Action::Update);
+        c.typed = Some(crate::resources::Typed::Conflict {
+            why: "/srv/models is a File, not a directory".into(),
+        });
+        let mut unsupported = Vec::new();
+        assert!(
+            ops_of(
+                &node_plan(vec![c.clone()]),
+                &ApplyOptions::default(),
+                &mut unsupported
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            unsupported,
+            [format!(
+                "{}: /srv/models is a File, not a directory",
+                c.address
+            )]
+        );
+        c.typed = None;
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![c]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::Mkdir { .. })]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_template_is_an_api_operation_of_its_own_kind() {
+        let spec = ResourceSpec::Template(crate::resources::template::TemplateSpec {
+            volume: "local:vztmpl/debian-12.tar.zst".into(),
+            url: "http://mirror/debian-12.tar.zst".into(),
+            checksum: "ab".repeat(32),
+            checksum_algorithm: "sha256".into(),
+        });
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![change(spec.clone(), Action::Create)]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        let ResourceSpec::Template(want) = spec else {
+            unreachable!()
+        };
+        assert!(
+            matches!(&ops[..], [Op::Api(ApiOp::Template { spec, .. })] if *spec == want),
+            "{ops:?}"
+        );
+    }
 }

@@ -15,7 +15,9 @@ use crate::resources::wire::Probe;
 /// target that could not be read says so (`not_read`): an older provision would apply its
 /// "everything to create" changes without reading it again;
 /// and a guest's plan carries the record apply leaves (`manages`) and `removed` changes.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: apply acts on a change's `typed` (`conflict`, `apt_key`, `nvidia_host`) where it read
+/// attribute names before; a format-3 plan lacks them.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

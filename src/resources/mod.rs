@@ -110,6 +110,25 @@ pub enum Typed {
         /// It runs as declared: wait for it before any restart.
         wait_first: bool,
     },
+    /// What is there conflicts with what is declared, and provision never destroys,
+    /// reformats or hides data to resolve it (a file where the model storage's directory
+    /// belongs): apply refuses it.
+    Conflict {
+        /// Why, in words.
+        why: String,
+    },
+    /// An APT source whose signing key is to be written (its keyring does not hold the
+    /// pinned key), not only its deb822 file.
+    AptKey,
+    /// What the node's NVIDIA side needs: the driver installed, units set up.
+    NvidiaHost {
+        /// The driver is not the declared one: the installer runs.
+        driver: bool,
+        /// `nvidia-persistenced` is to be enabled.
+        persistenced: bool,
+        /// The unit that makes `/dev/nvidia-uvm` at boot is to be written and enabled.
+        uvm: bool,
+    },
     /// A container found on another node of the cluster than declared.
     Moved {
         /// The node it is on.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
@@ -148,7 +148,10 @@ impl Resource for NvidiaHostSpec {
                 ),
             });
         }
-        if self.persistenced && !(fact.persistenced_enabled && fact.persistenced_active) {
+        let persistenced =
+            self.persistenced && !(fact.persistenced_enabled && fact.persistenced_active);
+        let mut uvm = false;
+        if persistenced {
             d = d.attr(Attribute::change(
                 PERSISTENCED,
                 Some(state(fact.persistenced_enabled, fact.persistenced_active)),
@@ -157,6 +160,7 @@ impl Resource for NvidiaHostSpec {
         }
         if self.uvm_at_boot {
             let unit_ok = fact.uvm_unit.as_deref() == Some(UVM_UNIT_CONTENT) && fact.uvm_enabled;
+            uvm = !unit_ok || !fact.uvm_nodes;
             if !unit_ok {
                 d = d.attr(Attribute::change(
                     UVM_UNIT,
@@ -176,6 +180,11 @@ impl Resource for NvidiaHostSpec {
                 ));
             }
         }
+        d.typed = Some(Typed::NvidiaHost {
+            driver: !module_ok,
+            persistenced,
+            uvm,
+        });
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
@@ -197,9 +206,18 @@ impl Resource for NvidiaHostSpec {
     }
 
     fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
-        let has = |name: &str| change.attributes.iter().any(|a| a.name == name);
+        let Some(Typed::NvidiaHost {
+            driver,
+            persistenced,
+            uvm,
+        }) = change.typed
+        else {
+            return Err(StepsError::Refused(
+                "this change of the node's NVIDIA side says nothing of what to do (a plan not made by its diff)".into(),
+            ));
+        };
         let mut steps = Vec::new();
-        if has("driver") {
+        if driver {
             let Some((path, sha256)) = &self.installer else {
                 return Err(StepsError::Refused(format!(
                     "NVIDIA driver {} is not loaded and no `nvidia.installer` is declared: install it on the node by hand and reboot",
@@ -218,14 +236,14 @@ impl Resource for NvidiaHostSpec {
                 version: self.driver.clone(),
             });
         }
-        if has(PERSISTENCED) {
+        if persistenced {
             steps.push(Step::NodeUnit {
                 root: self.root.clone(),
                 unit: PERSISTENCED.into(),
                 content: None,
             });
         }
-        if has(UVM_UNIT) || has("/dev/nvidia-uvm") {
+        if uvm {
             steps.push(Step::NodeUnit {
                 root: self.root.clone(),
                 unit: UVM_UNIT.into(),

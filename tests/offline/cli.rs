@@ -157,7 +157,7 @@ fn offline_plan_json_is_stable_and_complete() {
     let r = run(&["plan", "--offline", "--json", "inventory/llm-two.yaml"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(plan["format_version"], 3);
+    assert_eq!(plan["format_version"], 4);
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
@@ -359,7 +359,7 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     assert_eq!(r.code, 1);
     assert!(
         r.stderr
-            .contains("is a plan in format 1; this provision reads format 3")
+            .contains("is a plan in format 1; this provision reads format 4")
             && r.stderr.contains("make the plan again with this provision"),
         "{}",
         r.stderr
@@ -372,6 +372,17 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     insta::with_settings!({filters => vec![(r"/\S*/plan\.json", "[PLAN]")]}, {
         insta::assert_snapshot!("apply_refuses_a_format_2_plan", r.stderr);
     });
+    // Format 3 lacked the typed deltas apply now acts on (a model storage conflict, an APT
+    // key to write, the node's NVIDIA steps): refused by name too.
+    std::fs::write(&file, text.replace("99", "3")).unwrap();
+    let r = run(&["apply", "--yes", path]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("is a plan in format 3; this provision reads format 4"),
+        "{}",
+        r.stderr
+    );
     // --out needs a plan that read the targets.
     let r = run(&[
         "plan",

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::file::FileSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::inventory::Sp;
 use crate::inventory::apt::AptRepository;
 use crate::inventory::secret::resolve_local;
@@ -202,6 +202,9 @@ impl Resource for AptSourceSpec {
             d.action = Action::Update;
         }
         d.attributes.retain(|a| a.name == "sha256");
+        if key.is_some() {
+            d.typed = Some(Typed::AptKey);
+        }
         d.attributes.extend(key);
         Ok(Some(d))
     }
@@ -209,7 +212,7 @@ impl Resource for AptSourceSpec {
     fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         let mut steps = Vec::new();
         if let Some(k) = &self.key
-            && change.attributes.iter().any(|a| a.name == "signed-by")
+            && change.typed == Some(Typed::AptKey)
         {
             let text = match &k.file {
                 Some(f) => Some(std::fs::read(f).map_err(|e| {
