@@ -236,14 +236,29 @@ impl ResourceSpec {
         }
     }
 
-    /// Which target it lives on.
+    /// Which target it lives on (every kind says: a new one cannot default to the guest).
     pub fn target_kind(&self) -> TargetKind {
         match self {
             ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
             ResourceSpec::ModelStorage(_)
             | ResourceSpec::Template(_)
             | ResourceSpec::NvidiaHost(_) => TargetKind::Node,
-            _ => TargetKind::Guest,
+            ResourceSpec::File(_)
+            | ResourceSpec::Directory(_)
+            | ResourceSpec::Apt(_)
+            | ResourceSpec::AptSource(_)
+            | ResourceSpec::CudaToolkit(_)
+            | ResourceSpec::Venv(_)
+            | ResourceSpec::PipPackages(_)
+            | ResourceSpec::GitCheckout(_)
+            | ResourceSpec::PipEditable(_)
+            | ResourceSpec::Model(_)
+            | ResourceSpec::Service(_)
+            | ResourceSpec::GpuUserspace(_)
+            | ResourceSpec::ImportCheck(_)
+            | ResourceSpec::Removed(_)
+            | ResourceSpec::Generation(_)
+            | ResourceSpec::Uv(_) => TargetKind::Guest,
         }
     }
 
