@@ -15,7 +15,7 @@ use crate::resources::wire::Probe;
 /// target that could not be read says so (`not_read`): an older provision would apply its
 /// "everything to create" changes without reading it again;
 /// and a guest's plan carries the record apply leaves (`manages`) and `removed` changes.
-/// 4: apply acts on a change's `typed` (`conflict`, `apt_key`, `nvidia_host`) where it read
+/// 4: apply acts on a change's `typed` (`container`, `conflict`, `apt_key`, `nvidia_host`) where it read
 /// attribute names before; a format-3 plan lacks them.
 pub const FORMAT_VERSION: u32 = 4;
 

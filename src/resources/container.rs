@@ -284,6 +284,9 @@ impl ContainerSpec {
         }
         let mut d = Delta::new(Action::Update);
         let (mut live, mut later, mut queued) = (Vec::new(), Vec::new(), Vec::new());
+        // The config keys the API writes (a value, or a delete), apart from the start and
+        // the reboot: what apply acts on, not the attributes' labels.
+        let (mut set, mut reboot) = (Vec::new(), false);
         for (k, want) in &self.config {
             if CREATE_ONLY.contains(&k.as_str()) {
                 continue;
@@ -308,6 +311,7 @@ impl ContainerSpec {
             } else {
                 later.push(k.clone());
             }
+            set.push(k.clone());
             d = d.attr(Attribute::change(
                 k,
                 pending.or(have).map(str::to_string),
@@ -315,6 +319,7 @@ impl ContainerSpec {
             ));
         }
         for (k, v) in self.owned_extra(found) {
+            set.push(k.to_string());
             if !found.running || applies_live(k) {
                 live.push(k.to_string());
             } else {
@@ -329,6 +334,7 @@ impl ContainerSpec {
         if found.running && !waiting.is_empty() {
             match self.restart {
                 RestartPolicy::Allowed => {
+                    reboot = true;
                     d = d
                         .attr(Attribute::change(
                             "restart",
@@ -356,6 +362,11 @@ impl ContainerSpec {
                 Some("running".into()),
             ));
         }
+        d.typed = Some(super::Typed::Container {
+            set,
+            start: !found.running,
+            reboot,
+        });
         (!d.attributes.is_empty()).then_some(d)
     }
 
@@ -655,6 +666,15 @@ mod tests {
         s.restart = RestartPolicy::Allowed;
         let d = s.update_delta(&f).unwrap();
         assert_eq!(d.attributes[0].name, "restart");
+        // What apply acts on is typed: no key to write, a reboot.
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: Vec::new(),
+                start: false,
+                reboot: true
+            })
+        );
     }
 
     #[test]
@@ -667,9 +687,25 @@ mod tests {
         );
         let d = spec().update_delta(&found(false)).unwrap();
         assert_eq!(d.attributes[0].name, "status");
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: Vec::new(),
+                start: true,
+                reboot: false
+            })
+        );
         let mut f = found(true);
         f.config.push(("mp3".into(), "/x,mp=/y".into()));
         let d = spec().update_delta(&f).unwrap();
         assert_eq!(d.attributes[0].after, None);
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: vec!["mp3".into()],
+                start: false,
+                reboot: false
+            })
+        );
     }
 }

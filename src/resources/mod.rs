@@ -129,6 +129,17 @@ pub enum Typed {
         /// The unit that makes `/dev/nvidia-uvm` at boot is to be written and enabled.
         uvm: bool,
     },
+    /// A container's update through the API: the config keys written (a value, or a
+    /// delete), whether it is started (it is stopped) and whether it reboots (`restart:
+    /// allowed`, changes pending until a restart).
+    Container {
+        /// The config keys written.
+        set: Vec<String>,
+        /// It is stopped and is started.
+        start: bool,
+        /// It runs and is rebooted to apply pending changes.
+        reboot: bool,
+    },
     /// A container found on another node of the cluster than declared.
     Moved {
         /// The node it is on.
