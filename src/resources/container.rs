@@ -452,6 +452,15 @@ impl Resource for ContainerSpec {
     }
 
     fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // A removal is this kind's operation too, once it is built (issue 25: a container
+        // no longer declared, destroyed only with `--allow-destroy`); until then no plan
+        // reaches the API's create-or-update with a `-`.
+        if change.action == Action::Delete {
+            return Err(StepsError::Refused(format!(
+                "destroying CT {} is not built yet",
+                self.vmid
+            )));
+        }
         // Through the node's API. Started here unless root-only lines are written first
         // (then their kind's `ApiOp::Start` follows them, and the engine says so).
         Ok(vec![Op::Api(ApiOp::Container {
@@ -540,6 +549,7 @@ impl PveContainerFact {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::ResourceSpec;
 
     fn spec() -> ContainerSpec {
         ContainerSpec {
@@ -675,6 +685,44 @@ mod tests {
                 reboot: true
             })
         );
+    }
+
+    #[test]
+    fn a_container_is_one_api_operation_and_its_removal_is_refused_until_built() {
+        let s = spec();
+        let change = |action| Change {
+            address: "container.t/container:9301".into(),
+            kind: "container".into(),
+            name: "9301".into(),
+            action,
+            role: None,
+            attributes: Vec::new(),
+            diff: None,
+            reasons: Vec::new(),
+            warnings: Vec::new(),
+            typed: None,
+            spec: ResourceSpec::Container(s.clone()),
+        };
+        let allowed = Allowed {
+            rollback: true,
+            replace: false,
+            install_driver: false,
+        };
+        let ops = s.ops(&change(Action::Update), &allowed).unwrap();
+        assert!(
+            matches!(
+                &ops[..],
+                [Op::Api(ApiOp::Container {
+                    action: Action::Update,
+                    start: true,
+                    allow_replace: false,
+                    ..
+                })]
+            ),
+            "{ops:?}"
+        );
+        let refused = s.ops(&change(Action::Delete), &allowed).unwrap_err();
+        assert!(refused.to_string().contains("not built"), "{refused}");
     }
 
     #[test]
