@@ -138,20 +138,7 @@ mod tests {
     use crate::resources::managed::{Record, Removal, record_of};
 
     fn change(spec: ResourceSpec, action: Action) -> Change {
-        let r = spec.resource();
-        Change {
-            address: format!("guest.t/{}", spec.address()),
-            kind: r.kind().into(),
-            name: r.name(),
-            action,
-            role: None,
-            attributes: Vec::new(),
-            diff: None,
-            reasons: Vec::new(),
-            warnings: Vec::new(),
-            typed: None,
-            spec,
-        }
+        crate::resources::op::bare_change("guest.t", spec, action)
     }
 
     #[test]

@@ -690,18 +690,12 @@ mod tests {
     #[test]
     fn a_container_is_one_api_operation_and_its_removal_is_refused_until_built() {
         let s = spec();
-        let change = |action| Change {
-            address: "container.t/container:9301".into(),
-            kind: "container".into(),
-            name: "9301".into(),
-            action,
-            role: None,
-            attributes: Vec::new(),
-            diff: None,
-            reasons: Vec::new(),
-            warnings: Vec::new(),
-            typed: None,
-            spec: ResourceSpec::Container(s.clone()),
+        let change = |action| {
+            crate::resources::op::bare_change(
+                "container.t",
+                ResourceSpec::Container(s.clone()),
+                action,
+            )
         };
         let allowed = Allowed {
             rollback: true,

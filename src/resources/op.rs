@@ -123,3 +123,27 @@ impl Op {
         }
     }
 }
+
+/// A change of `spec` on `target` with its action and nothing else, for the kinds' and the
+/// engine's unit tests.
+#[cfg(test)]
+pub(crate) fn bare_change(
+    target: &str,
+    spec: super::ResourceSpec,
+    action: Action,
+) -> crate::plan::Change {
+    let r = spec.resource();
+    crate::plan::Change {
+        address: format!("{target}/{}", spec.address()),
+        kind: r.kind().into(),
+        name: r.name(),
+        action,
+        role: None,
+        attributes: Vec::new(),
+        diff: None,
+        reasons: Vec::new(),
+        warnings: Vec::new(),
+        typed: None,
+        spec,
+    }
+}
