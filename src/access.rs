@@ -5,109 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::plan::Action;
 use crate::proxmox::container::ContainerError;
 use crate::proxmox::{ApiReader, NodeApi};
 use crate::resources::container::ContainerSpec;
-use crate::resources::pve_lines::PveLinesSpec;
-use crate::resources::wire::{Fact, Facts, Probe, Step};
+use crate::resources::wire::{Fact, Facts, Probe};
 
-/// One operation of an apply, by what carries it out.
-///
-/// Each writer runs the variants it carries and refuses the others.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Op {
-    /// A step run by the agent inside a guest (or on a host it was pushed to).
-    Guest(Step),
-    /// A call to a node's Proxmox API.
-    Api(ApiOp),
-    /// A root-only step on a node, over its SSH as root.
-    Node(NodeOp),
-}
-
-/// A root-only step on a Proxmox node, run over the node's SSH as root.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NodeOp {
-    /// Brings a container's root-only config lines (`devN`, raw `lxc.*`) to the wanted
-    /// ones: `pct set` for options, the locked atomic edit of `lxc/<vmid>.conf` for raw
-    /// lines, verified by reading the file back.
-    Lines {
-        /// The change's plan address, for messages.
-        address: String,
-        /// The wanted lines and which found lines they own.
-        spec: PveLinesSpec,
-    },
-    /// Has the node fetch NVIDIA's `.run` into its cache (sha256 checked before it is
-    /// kept) and push it into the guest's container, where the guest step installs it.
-    PushInstaller {
-        /// The change's plan address, for messages.
-        address: String,
-        /// Where the node downloads it from.
-        url: String,
-        /// Its sha256.
-        sha256: String,
-    },
-}
-
-/// An operation through a node's Proxmox API.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ApiOp {
-    /// Create, change or replace a container's configuration (and start it as declared).
-    Container {
-        /// The change's plan address, for messages.
-        address: String,
-        /// The desired configuration.
-        spec: ContainerSpec,
-        /// What the plan says to do.
-        action: Action,
-        /// Whether a replace may destroy the container.
-        allow_replace: bool,
-        /// Whether the container is started here; `false` when root-only lines are written
-        /// first over node SSH, and [`ApiOp::Start`] follows them.
-        start: bool,
-    },
-    /// Starts a container after its root-only lines were written; reboots it when it
-    /// was already running and `reboot` (the lines only take effect at a start).
-    Start {
-        /// The container.
-        vmid: u64,
-        /// Reboot a running container (`restart: allowed` and its lines changed).
-        reboot: bool,
-    },
-    /// Have the node download a container template (checksum verified by the node).
-    Template {
-        /// The change's plan address, for messages.
-        address: String,
-        /// The template.
-        spec: crate::resources::template::TemplateSpec,
-    },
-}
-
-impl Op {
-    /// A short description for progress lines.
-    pub fn describe(&self) -> String {
-        match self {
-            Op::Guest(step) => step.describe(),
-            Op::Api(ApiOp::Container { address, .. }) => format!("apply {address}"),
-            Op::Api(ApiOp::Template { spec, .. }) => {
-                format!(
-                    "download {} ({} checked)",
-                    spec.volume, spec.checksum_algorithm
-                )
-            }
-            Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
-            Op::Node(NodeOp::Lines { address, .. }) => {
-                format!("apply {address} over node SSH (pct set / locked config edit)")
-            }
-            Op::Node(NodeOp::PushInstaller { url, .. }) => {
-                format!(
-                    "fetch {url} on the node (sha256 checked) and pct push it into the container"
-                )
-            }
-        }
-    }
-}
+/// The operations of an apply live with the kinds that declare them
+/// (`resources/op.rs`); they are re-exported here, where they are run.
+pub use crate::resources::op::{ApiOp, NodeOp, Op};
 
 /// How one operation of an apply went.
 #[derive(Debug, Clone, PartialEq)]

@@ -39,7 +39,7 @@ pub fn refuse_missing<A: Api>(
             .changes
             .iter()
             .filter_map(|c| match &c.spec {
-                ResourceSpec::Container(spec) => Some(needs(*vmid, c.action, spec, &c.attributes)),
+                ResourceSpec::Container(spec) => Some(needs(*vmid, c.action, spec, c)),
                 _ => None,
             })
             .flatten()
@@ -98,7 +98,7 @@ fn needs(
     vmid: u64,
     action: Action,
     spec: &crate::resources::container::ContainerSpec,
-    attributes: &[crate::plan::Attribute],
+    change: &crate::plan::Change,
 ) -> Vec<Need> {
     let vm = format!("/vms/{vmid}");
     let mut out: Vec<Need> = Vec::new();
@@ -145,12 +145,16 @@ fn needs(
             out.push((vm.clone(), vec!["VM.PowerMgmt"], "start it".into()));
         }
         Action::Update => {
-            for a in attributes {
-                if a.name == "status" {
-                    out.push((vm.clone(), vec!["VM.PowerMgmt"], "start it".into()));
-                } else if spec.config.iter().any(|(k, _)| *k == a.name) {
-                    out.push(option(&a.name));
+            let Some(crate::resources::Typed::Container { set, start, .. }) = &change.typed else {
+                return out;
+            };
+            for k in set {
+                if spec.config.iter().any(|(key, _)| key == k) {
+                    out.push(option(k));
                 }
+            }
+            if *start {
+                out.push((vm.clone(), vec!["VM.PowerMgmt"], "start it".into()));
             }
         }
         _ => {}

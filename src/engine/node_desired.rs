@@ -24,9 +24,7 @@ pub fn note_rebuilds(desired: &[DesiredTarget], plans: &mut [crate::plan::Target
                 let created = p.changes.iter().any(|c| {
                     c.spec == r.spec
                         && (c.action == Action::Create
-                            || c.attributes
-                                .iter()
-                                .any(|a| a.name == crate::resources::model_storage::CONFLICT))
+                            || matches!(c.typed, Some(crate::resources::Typed::Conflict { .. })))
                 });
                 if !created {
                     kept.push((node.clone(), s.path.clone()));

@@ -1,33 +1,39 @@
-//! The operations that carry out a target plan: API and node operations for a container,
-//! guest steps for the rest, a service's preflight before its unit is written (and before
-//! the weights of the model it reads). Derived from
-//! the plan alone, so a saved plan runs exactly what it shows.
+//! The operations that carry out a target plan, in order. Each kind turns its change into
+//! its own operations (`Resource::ops`: guest steps, API calls, node steps); what is left
+//! here is the order across kinds: a service's preflight before its unit is written (and
+//! before the weights of the model it reads), a container started after its root-only
+//! lines, the guest's record written first and last, the generation switch before the
+//! first deploy. Derived from the plan alone, so a saved plan runs exactly what it shows.
 
 use std::collections::HashMap;
 
 use super::reconcile::ApplyOptions;
-use crate::access::{ApiOp, NodeOp, Op};
-use crate::plan::{Change, Target, TargetPlan};
+use crate::access::{ApiOp, Op};
+use crate::plan::{Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::managed::Entry;
+use crate::resources::op::Allowed;
 use crate::resources::wire::Step;
 
-/// The operations that carry out `t`'s changes, in order: API and node operations for the
-/// container, guest steps (a service's preflight before its unit). A change that cannot be
-/// applied yet is added to `unsupported`.
+/// The operations that carry out `t`'s changes, in order: API and node operations first,
+/// in the order of their changes (a container's start after its root-only lines), then
+/// the guest steps (a service's preflight before its unit). A change that cannot be
+/// applied is added to `unsupported`.
 pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<String>) -> Vec<Op> {
+    let allowed = Allowed {
+        rollback: options.rollback,
+        replace: options.allow_replace,
+        install_driver: options.install_driver,
+    };
     let mut ops = Vec::new();
     let mut steps = Vec::new();
+    // A container's start asked for by a kind whose lines take effect only at a start.
+    let mut start = None;
     let mut preflights = preflights_of(t);
     // Fail early: a model a pending preflight reads is pulled in two passes, all but the
     // weights first; the weights wait, by unit file, until that preflight has passed, so a
     // refused argv or a broken stack stops the apply before hours of download.
     let mut weights: HashMap<String, Step> = HashMap::new();
-    let lines: Vec<&Change> = t
-        .changes
-        .iter()
-        .filter(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-        .collect();
     for c in &t.changes {
         // A service's preflight runs before its unit is written, or before its deploy
         // when the unit itself does not change: a refused argv changes nothing.
@@ -42,76 +48,36 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             steps.push(step);
             steps.extend(weights.remove(&k));
         }
-        if let ResourceSpec::Container(spec) = &c.spec {
-            // Applied through the node's API, not by guest steps; started only after
-            // root-only lines, when there are any.
-            ops.push(Op::Api(ApiOp::Container {
-                address: c.address.clone(),
-                spec: spec.clone(),
-                action: c.action,
-                allow_replace: options.allow_replace,
-                start: lines.is_empty(),
-            }));
-            continue;
-        }
-        if let (ResourceSpec::PveLines(spec), Target::Container { .. }) = (&c.spec, &t.target) {
-            // Root-only: over the node's SSH as root.
-            ops.push(Op::Node(NodeOp::Lines {
-                address: c.address.clone(),
-                spec: spec.clone(),
-            }));
-            continue;
-        }
-        if let ResourceSpec::Template(spec) = &c.spec {
-            // Fetched by the node through its API, before any container needs it.
-            ops.push(Op::Api(ApiOp::Template {
-                address: c.address.clone(),
-                spec: spec.clone(),
-            }));
-            continue;
-        }
-        match c.spec.resource().steps(c) {
-            Ok(s)
-                if !options.install_driver
-                    && s.iter().any(|s| matches!(s, Step::InstallDriver { .. })) =>
-            {
-                unsupported.push(format!(
-                    "{}: installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`",
-                    c.address
-                ));
+        let carried = match c.spec.resource().ops(c, &allowed) {
+            Ok(carried) => carried,
+            Err(why) => {
+                unsupported.push(format!("{}: {why}", c.address));
+                continue;
             }
-            Ok(s) => {
-                for mut step in s {
-                    // The node fetches the `.run` and pushes it in before the guest runs it.
-                    if let Step::InstallUserspace { url, sha256, .. } = &step {
-                        ops.push(Op::Node(NodeOp::PushInstaller {
-                            address: c.address.clone(),
-                            url: url.clone(),
-                            sha256: sha256.clone(),
-                        }));
-                    }
-                    if let Step::DeployService(d) = &mut step {
-                        d.rollback = options.rollback;
-                    }
-                    if let Step::ModelPull(m) = &step
-                        && let Some(unit) = reader_of(&preflights, &m.dest)
-                    {
+        };
+        for op in carried {
+            match op {
+                Op::Guest(Step::ModelPull(m)) => match reader_of(&preflights, &m.dest) {
+                    Some(unit) => {
                         steps.push(Step::ModelPull(Box::new(m.small_files())));
-                        weights.insert(unit, step);
-                        continue;
+                        weights.insert(unit, Step::ModelPull(m));
                     }
-                    steps.push(step);
-                }
+                    None => steps.push(Step::ModelPull(m)),
+                },
+                Op::Guest(step) => steps.push(step),
+                Op::Api(ApiOp::Start { .. }) => start = Some(op),
+                other => ops.push(other),
             }
-            Err(why) => unsupported.push(format!("{}: {why}", c.address)),
         }
     }
-    if let (false, Target::Container { vmid, .. }) = (lines.is_empty(), &t.target) {
+    if let Some(start) = start {
         // Root-only lines take effect at a start: create (stopped) -> lines -> start.
-        ops.push(Op::Api(ApiOp::Start {
-            vmid: *vmid,
-            reboot: true,
-        }));
+        for op in &mut ops {
+            if let Op::Api(ApiOp::Container { start, .. }) = op {
+                *start = false;
+            }
+        }
+        ops.push(start);
     }
     // Every pending preflight is met at its service's change, so nothing is left here; if
     // one were, its weights are still pulled, last.
@@ -167,25 +133,12 @@ fn preflights_of(t: &TargetPlan) -> HashMap<String, Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::Action;
+    use crate::plan::{Action, Change};
     use crate::resources::file::FileSpec;
     use crate::resources::managed::{Record, Removal, record_of};
 
     fn change(spec: ResourceSpec, action: Action) -> Change {
-        let r = spec.resource();
-        Change {
-            address: format!("guest.t/{}", spec.address()),
-            kind: r.kind().into(),
-            name: r.name(),
-            action,
-            role: None,
-            attributes: Vec::new(),
-            diff: None,
-            reasons: Vec::new(),
-            warnings: Vec::new(),
-            typed: None,
-            spec,
-        }
+        crate::resources::op::bare_change("guest.t", spec, action)
     }
 
     #[test]
@@ -238,5 +191,149 @@ mod tests {
         assert_eq!(steps[1], &Step::Remove(gone));
         assert!(matches!(steps[2], Step::WriteFile { .. }), "{steps:?}");
         assert_eq!(steps[3], &Step::Record(kept));
+    }
+
+    fn node_plan(changes: Vec<Change>) -> TargetPlan {
+        TargetPlan {
+            target: Target::Node {
+                node: "n".into(),
+                api: "https://n:8006".into(),
+            },
+            changes,
+            unchanged: 0,
+            read: None,
+            warnings: Vec::new(),
+            not_read: None,
+            manages: None,
+            replanned: None,
+        }
+    }
+
+    /// A change as its kind's diff makes it, from an empty world.
+    fn diffed(spec: ResourceSpec) -> Change {
+        let d = spec
+            .resource()
+            .diff(&crate::resources::wire::Facts::Empty)
+            .unwrap()
+            .expect("a change");
+        let mut c = change(spec, d.action);
+        c.attributes = d.attributes;
+        c.typed = d.typed;
+        c
+    }
+
+    fn nvidia(installer: bool) -> ResourceSpec {
+        ResourceSpec::NvidiaHost(crate::resources::nvidia_host::NvidiaHostSpec {
+            root: "/r".into(),
+            driver: "580.82.07".into(),
+            persistenced: true,
+            uvm_at_boot: false,
+            installer: installer.then(|| ("/root/NVIDIA.run".into(), "ab".repeat(32))),
+            kernel_cmdline: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn the_node_driver_runs_only_with_install_driver_as_its_typed_delta_says() {
+        let t = node_plan(vec![diffed(nvidia(true))]);
+        let mut unsupported = Vec::new();
+        assert!(ops_of(&t, &ApplyOptions::default(), &mut unsupported).is_empty());
+        assert_eq!(unsupported.len(), 1, "{unsupported:?}");
+        assert!(
+            unsupported[0].contains("runs only with `apply --install-driver`"),
+            "{unsupported:?}"
+        );
+        let allowed = ApplyOptions {
+            install_driver: true,
+            ..ApplyOptions::default()
+        };
+        let mut unsupported = Vec::new();
+        let ops = ops_of(&t, &allowed, &mut unsupported);
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::InstallDriver { .. }), Op::Guest(Step::NodeUnit { unit, .. })] if unit == "nvidia-persistenced.service"),
+            "{ops:?}"
+        );
+        // The typed delta decides, not the attribute's label: a change that shows `driver`
+        // but whose diff said only the persistence daemon runs installs nothing.
+        let mut c = diffed(nvidia(true));
+        c.typed = Some(crate::resources::Typed::NvidiaHost {
+            driver: false,
+            persistenced: true,
+            uvm: false,
+        });
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![c]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::NodeUnit { .. })]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_model_storage_conflict_is_refused_by_its_typed_delta() {
+        let spec = ResourceSpec::ModelStorage(crate::resources::model_storage::ModelStorageSpec {
+            path: "/srv/models".into(),
+            zfs: None,
+        });
+        let mut c = change(spec, Action::Update);
+        c.typed = Some(crate::resources::Typed::Conflict {
+            why: "/srv/models is a File, not a directory".into(),
+        });
+        let mut unsupported = Vec::new();
+        assert!(
+            ops_of(
+                &node_plan(vec![c.clone()]),
+                &ApplyOptions::default(),
+                &mut unsupported
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            unsupported,
+            [format!(
+                "{}: /srv/models is a File, not a directory",
+                c.address
+            )]
+        );
+        c.typed = None;
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![c]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        assert!(
+            matches!(&ops[..], [Op::Guest(Step::Mkdir { .. })]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_template_is_an_api_operation_of_its_own_kind() {
+        let spec = ResourceSpec::Template(crate::resources::template::TemplateSpec {
+            volume: "local:vztmpl/debian-12.tar.zst".into(),
+            url: "http://mirror/debian-12.tar.zst".into(),
+            checksum: "ab".repeat(32),
+            checksum_algorithm: "sha256".into(),
+        });
+        let mut unsupported = Vec::new();
+        let ops = ops_of(
+            &node_plan(vec![change(spec.clone(), Action::Create)]),
+            &ApplyOptions::default(),
+            &mut unsupported,
+        );
+        let ResourceSpec::Template(want) = spec else {
+            unreachable!()
+        };
+        assert!(
+            matches!(&ops[..], [Op::Api(ApiOp::Template { spec, .. })] if *spec == want),
+            "{ops:?}"
+        );
     }
 }

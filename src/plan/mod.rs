@@ -18,6 +18,8 @@ use crate::resources::wire::Probe;
 /// 4: a target planned again after another's plan or a read of its node says so
 /// (`replanned`): its changes are not only the diff of what was read for it; a service's
 /// readiness has no `port` (its `url`'s is the gate's).
+/// Apply acts on a change's `typed` (`container`, `conflict`, `apt_key`, `nvidia_host`)
+/// where it read attribute names before; a format-3 plan lacks them.
 pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything that would change, grouped by target.

@@ -365,9 +365,17 @@ pub fn apply(
     })
 }
 
+/// The config keys an update writes, as its delta says.
+fn written(d: &Delta) -> &[String] {
+    match &d.typed {
+        Some(crate::resources::Typed::Container { set, .. }) => set,
+        _ => &[],
+    }
+}
+
 /// Whether a delta only starts the container.
 fn only_start(d: &Delta) -> bool {
-    d.attributes.iter().all(|a| a.name == "status")
+    matches!(&d.typed, Some(crate::resources::Typed::Container { set, reboot: false, .. }) if set.is_empty())
 }
 
 /// Starts container `vmid` when it is stopped; reboots it when it runs and `reboot` (raw
@@ -536,7 +544,7 @@ fn update(
     let config: Vec<&crate::plan::Attribute> = delta
         .attributes
         .iter()
-        .filter(|a| a.name != "status" && a.name != "restart")
+        .filter(|a| written(delta).contains(&a.name))
         .collect();
     if !config.is_empty() {
         let delete: Vec<&str> = config

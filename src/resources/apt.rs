@@ -1,5 +1,6 @@
 //! Debian packages, present (optionally at a version), installed in one transaction.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
@@ -74,9 +75,9 @@ impl Resource for AptSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         // One transaction for all of them; apt leaves the ones already right alone.
-        Ok(vec![Step::AptInstall {
+        guest(vec![Step::AptInstall {
             packages: self.packages.clone(),
         }])
     }

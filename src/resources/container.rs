@@ -1,5 +1,6 @@
 //! A container's Proxmox configuration, as the node's API reads and writes it.
 
+use super::op::{Allowed, ApiOp, Op};
 use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
@@ -7,7 +8,7 @@ use std::collections::BTreeMap;
 use pve::normalize::same;
 
 use super::pve_lines::PveLinesSpec;
-use super::wire::{Facts, NotRead, Probe, Step};
+use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 pub use crate::inventory::container::RestartPolicy;
 use crate::plan::{Action, Attribute, Change};
@@ -217,6 +218,9 @@ impl ContainerSpec {
         }
         let mut d = Delta::new(Action::Update);
         let (mut live, mut later, mut queued) = (Vec::new(), Vec::new(), Vec::new());
+        // The config keys the API writes (a value, or a delete), apart from the start and
+        // the reboot: what apply acts on, not the attributes' labels.
+        let (mut set, mut reboot) = (Vec::new(), false);
         for (k, want) in &self.config {
             if CREATE_ONLY.contains(&k.as_str()) {
                 continue;
@@ -241,6 +245,7 @@ impl ContainerSpec {
             } else {
                 later.push(k.clone());
             }
+            set.push(k.clone());
             d = d.attr(Attribute::change(
                 k,
                 pending.or(have).map(str::to_string),
@@ -248,6 +253,7 @@ impl ContainerSpec {
             ));
         }
         for (k, v) in self.owned_extra(found) {
+            set.push(k.to_string());
             if !found.running || applies_live(k) {
                 live.push(k.to_string());
             } else {
@@ -262,6 +268,7 @@ impl ContainerSpec {
         if found.running && !waiting.is_empty() {
             match self.restart {
                 RestartPolicy::Allowed => {
+                    reboot = true;
                     d = d
                         .attr(Attribute::change(
                             "restart",
@@ -289,6 +296,11 @@ impl ContainerSpec {
                 Some("running".into()),
             ));
         }
+        d.typed = Some(super::Typed::Container {
+            set,
+            start: !found.running,
+            reboot,
+        });
         (!d.attributes.is_empty()).then_some(d)
     }
 
@@ -373,11 +385,25 @@ impl Resource for ContainerSpec {
         })
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        // A container is changed through its node's API (`Op::Api`), not by guest steps.
-        Err(StepsError::NotBuilt(
-            "a container's config is applied through the Proxmox API, not by guest steps",
-        ))
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // A removal is this kind's operation too, once it is built (issue 25: a container
+        // no longer declared, destroyed only with `--allow-destroy`); until then no plan
+        // reaches the API's create-or-update with a `-`.
+        if change.action == Action::Delete {
+            return Err(StepsError::Refused(format!(
+                "destroying CT {} is not built yet",
+                self.vmid
+            )));
+        }
+        // Through the node's API. Started here unless root-only lines are written first
+        // (then their kind's `ApiOp::Start` follows them, and the engine says so).
+        Ok(vec![Op::Api(ApiOp::Container {
+            address: change.address.clone(),
+            spec: self.clone(),
+            action: change.action,
+            allow_replace: allowed.replace,
+            start: true,
+        })])
     }
 }
 
@@ -457,6 +483,7 @@ impl PveContainerFact {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::ResourceSpec;
 
     fn spec() -> ContainerSpec {
         ContainerSpec {
@@ -583,6 +610,47 @@ mod tests {
         s.restart = RestartPolicy::Allowed;
         let d = s.update_delta(&f).unwrap();
         assert_eq!(d.attributes[0].name, "restart");
+        // What apply acts on is typed: no key to write, a reboot.
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: Vec::new(),
+                start: false,
+                reboot: true
+            })
+        );
+    }
+
+    #[test]
+    fn a_container_is_one_api_operation_and_its_removal_is_refused_until_built() {
+        let s = spec();
+        let change = |action| {
+            crate::resources::op::bare_change(
+                "container.t",
+                ResourceSpec::Container(s.clone()),
+                action,
+            )
+        };
+        let allowed = Allowed {
+            rollback: true,
+            replace: false,
+            install_driver: false,
+        };
+        let ops = s.ops(&change(Action::Update), &allowed).unwrap();
+        assert!(
+            matches!(
+                &ops[..],
+                [Op::Api(ApiOp::Container {
+                    action: Action::Update,
+                    start: true,
+                    allow_replace: false,
+                    ..
+                })]
+            ),
+            "{ops:?}"
+        );
+        let refused = s.ops(&change(Action::Delete), &allowed).unwrap_err();
+        assert!(refused.to_string().contains("not built"), "{refused}");
     }
 
     #[test]
@@ -595,9 +663,25 @@ mod tests {
         );
         let d = spec().update_delta(&found(false)).unwrap();
         assert_eq!(d.attributes[0].name, "status");
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: Vec::new(),
+                start: true,
+                reboot: false
+            })
+        );
         let mut f = found(true);
         f.config.push(("mp3".into(), "/x,mp=/y".into()));
         let d = spec().update_delta(&f).unwrap();
         assert_eq!(d.attributes[0].after, None);
+        assert_eq!(
+            d.typed,
+            Some(crate::resources::Typed::Container {
+                set: vec!["mp3".into()],
+                start: false,
+                reboot: false
+            })
+        );
     }
 }

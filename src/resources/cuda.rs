@@ -1,13 +1,14 @@
 //! The CUDA toolkit at its home with the declared release (installed by a package; this
 //! resource checks what `nvcc --version` and `version.json` say).
 
+use crate::resources::op::{Allowed, Op};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::wire::{Facts, NotRead, Probe, Step};
+use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
@@ -80,7 +81,7 @@ impl Resource for CudaSpec {
         ))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         // The toolkit comes from its package (an apt resource before this one); what is
         // left is to check, which the verification after apply does.
         Ok(Vec::new())

@@ -1,5 +1,6 @@
 //! A directory with owner, group and mode.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::fs;
 use std::path::Path;
 
@@ -59,8 +60,8 @@ impl Resource for DirectorySpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::Mkdir {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::Mkdir {
             path: self.path.clone(),
             owner: self.owner.clone(),
             group: self.group.clone(),

@@ -1,5 +1,6 @@
 //! A file with content, owner, group and mode. Written atomically and read back (apply).
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
@@ -89,8 +90,8 @@ impl Resource for FileSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::WriteFile {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::WriteFile {
             path: self.path.clone(),
             content: self.content.clone(),
             owner: self.owner.clone(),

@@ -4,6 +4,7 @@
 //! service deploy of the apply (after every build step and the preflight), so a failed
 //! build or preflight leaves what runs untouched.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -132,8 +133,8 @@ impl Resource for GenerationSpec {
         )))
     }
 
-    fn steps(&self, _change: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::SwitchGeneration {
+    fn ops(&self, _change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::SwitchGeneration {
             links: self.links.clone(),
         }])
     }

@@ -1,5 +1,6 @@
 //! A git checkout at a pinned commit.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 use std::process::Command;
 
@@ -74,8 +75,8 @@ impl Resource for GitCheckoutSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::GitCheckout {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::GitCheckout {
             repo: self.repo.clone(),
             revision: self.revision.clone(),
             path: self.path.clone(),

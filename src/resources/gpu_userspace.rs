@@ -11,6 +11,7 @@
 //! system library folders and the file each names (`libcuda.so.<version>`, as both the
 //! `.run` and the packages install it; `tests/fixtures/gpu/h200x2/libs-ls.txt`).
 
+use crate::resources::op::{Allowed, NodeOp, Op, guest};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -192,7 +193,7 @@ impl Resource for GpuUserspaceSpec {
         self.mismatch().into_iter().collect()
     }
 
-    fn steps(&self, _change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         if self.version.starts_with('<') {
             return Err(StepsError::Refused(format!(
                 "the node's NVIDIA kernel module version is not known ({}): give the node `ssh:` so its GPUs are read, or pin `nvidia.driver`",
@@ -203,14 +204,22 @@ impl Resource for GpuUserspaceSpec {
             return Err(StepsError::Refused(why));
         }
         Ok(match &self.installer {
-            Some(i) => vec![Step::InstallUserspace {
-                url: i.url.clone(),
-                sha256: i.sha256.clone(),
-                version: self.version.clone(),
-            }],
-            None => vec![Step::AptInstall {
+            // The node fetches the `.run` and pushes it in before the guest runs it.
+            Some(i) => vec![
+                Op::Node(NodeOp::PushInstaller {
+                    address: change.address.clone(),
+                    url: i.url.clone(),
+                    sha256: i.sha256.clone(),
+                }),
+                Op::Guest(Step::InstallUserspace {
+                    url: i.url.clone(),
+                    sha256: i.sha256.clone(),
+                    version: self.version.clone(),
+                }),
+            ],
+            None => guest([Step::AptInstall {
                 packages: self.packages.clone(),
-            }],
+            }])?,
         })
     }
 }

@@ -10,6 +10,7 @@
 //! the venv's installed distributions and the runtime packages' versions. The check runs
 //! again when any of them changes (a package upgraded by hand, the compiler removed).
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -135,8 +136,8 @@ impl Resource for ImportCheckSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _change: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::ImportCheck(self.clone())])
+    fn ops(&self, _change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::ImportCheck(self.clone())])
     }
 }
 

@@ -9,6 +9,7 @@
 //! never deleted by omission. Packages, venvs, checkouts and folders are not recorded:
 //! they are left in place when no longer declared.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -274,8 +275,8 @@ impl Resource for Removal {
         }
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::Remove(self.clone())])
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::Remove(self.clone())])
     }
 }
 

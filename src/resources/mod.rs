@@ -17,6 +17,7 @@ pub mod managed;
 pub mod model;
 pub mod model_storage;
 pub mod nvidia_host;
+pub mod op;
 pub mod pip_editable;
 pub mod pip_packages;
 pub mod pve_lines;
@@ -29,7 +30,7 @@ pub mod wire;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Action, Attribute, Change};
-use wire::{Facts, NotRead, Probe, Step};
+use wire::{Facts, NotRead, Probe};
 
 /// Every kind of resource, tagged by `kind` as roles and plans write it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,6 +111,36 @@ pub enum Typed {
         /// It runs as declared: wait for it before any restart.
         wait_first: bool,
     },
+    /// What is there conflicts with what is declared, and provision never destroys,
+    /// reformats or hides data to resolve it (a file where the model storage's directory
+    /// belongs): apply refuses it.
+    Conflict {
+        /// Why, in words.
+        why: String,
+    },
+    /// An APT source whose signing key is to be written (its keyring does not hold the
+    /// pinned key), not only its deb822 file.
+    AptKey,
+    /// What the node's NVIDIA side needs: the driver installed, units set up.
+    NvidiaHost {
+        /// The driver is not the declared one: the installer runs.
+        driver: bool,
+        /// `nvidia-persistenced` is to be enabled.
+        persistenced: bool,
+        /// The unit that makes `/dev/nvidia-uvm` at boot is to be written and enabled.
+        uvm: bool,
+    },
+    /// A container's update through the API: the config keys written (a value, or a
+    /// delete), whether it is started (it is stopped) and whether it reboots (`restart:
+    /// allowed`, changes pending until a restart).
+    Container {
+        /// The config keys written.
+        set: Vec<String>,
+        /// It is stopped and is started.
+        start: bool,
+        /// It runs and is rebooted to apply pending changes.
+        reboot: bool,
+    },
     /// A container found on another node of the cluster than declared.
     Moved {
         /// The node it is on.
@@ -159,19 +190,18 @@ pub trait Resource {
     fn warnings(&self, _facts: &Facts) -> Vec<String> {
         Vec::new()
     }
-    /// The steps that carry out `change` (a change of this resource), run on the target in
-    /// order. An `Err` says what cannot be done (not built yet, a secret not readable);
-    /// apply refuses the whole plan first.
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError>;
+    /// The operations that carry out `change` (a change of this resource), in order,
+    /// whatever carries them: guest steps, calls to the node's API, root-only node steps.
+    /// An `Err` says what cannot be done (a refusal, a secret not readable); apply refuses
+    /// the whole plan first.
+    fn ops(&self, change: &Change, allowed: &op::Allowed) -> Result<Vec<op::Op>, StepsError>;
 }
 
-/// Why a change has no steps.
+/// Why a change has no operations.
 #[derive(Debug, thiserror::Error)]
 pub enum StepsError {
-    /// Applying this kind is not built yet (the Proxmox side).
-    #[error("{0}")]
-    NotBuilt(&'static str),
-    /// The change would destroy or hide data, or needs what provision does not do itself.
+    /// The change would destroy or hide data, or needs what provision does not do itself
+    /// (or was not allowed to: `--install-driver`).
     #[error("{0}")]
     Refused(String),
     /// A secret the steps carry cannot be read on the workstation.
@@ -218,14 +248,29 @@ impl ResourceSpec {
         }
     }
 
-    /// Which target it lives on.
+    /// Which target it lives on (every kind says: a new one cannot default to the guest).
     pub fn target_kind(&self) -> TargetKind {
         match self {
             ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
             ResourceSpec::ModelStorage(_)
             | ResourceSpec::Template(_)
             | ResourceSpec::NvidiaHost(_) => TargetKind::Node,
-            _ => TargetKind::Guest,
+            ResourceSpec::File(_)
+            | ResourceSpec::Directory(_)
+            | ResourceSpec::Apt(_)
+            | ResourceSpec::AptSource(_)
+            | ResourceSpec::CudaToolkit(_)
+            | ResourceSpec::Venv(_)
+            | ResourceSpec::PipPackages(_)
+            | ResourceSpec::GitCheckout(_)
+            | ResourceSpec::PipEditable(_)
+            | ResourceSpec::Model(_)
+            | ResourceSpec::Service(_)
+            | ResourceSpec::GpuUserspace(_)
+            | ResourceSpec::ImportCheck(_)
+            | ResourceSpec::Removed(_)
+            | ResourceSpec::Generation(_)
+            | ResourceSpec::Uv(_) => TargetKind::Guest,
         }
     }
 

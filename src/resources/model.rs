@@ -1,5 +1,6 @@
 //! A Hugging Face model in a folder, downloaded on the target and verified.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -116,13 +117,13 @@ impl Resource for ModelSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         // The token is read here, on the workstation, and travels to the agent on stdin.
         let token = match &self.token {
             Some(r) => Some(r.resolve(std::path::Path::new("/"))?),
             None => None,
         };
-        Ok(vec![Step::ModelPull(Box::new(ModelPull {
+        guest(vec![Step::ModelPull(Box::new(ModelPull {
             endpoint: self.endpoint.clone(),
             repo: self.repo.clone(),
             revision: self.revision.clone(),

@@ -3,6 +3,7 @@
 //! hidden: an exported pool is imported, never created; a dataset is never created over a
 //! folder that holds data; anything else in the way is a conflict with the evidence.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -11,12 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use super::file::PathKind;
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
 /// The attribute that carries a conflict: apply refuses a change that has one.
-pub const CONFLICT: &str = "conflict";
+const CONFLICT: &str = "conflict";
 
 /// The desired storage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,9 +218,11 @@ impl Resource for ModelStorageSpec {
         let probe = self.probe();
         let fact = facts.model_storage(&probe)?;
         let conflict = |why: String| {
-            Delta::new(Action::Update)
-                .attr(Attribute::change(CONFLICT, None, Some(why)))
-                .reason("existing data is never destroyed, reformatted or hidden")
+            let mut d = Delta::new(Action::Update)
+                .attr(Attribute::change(CONFLICT, None, Some(why.clone())))
+                .reason("existing data is never destroyed, reformatted or hidden");
+            d.typed = Some(Typed::Conflict { why });
+            d
         };
         let Some(zfs) = &self.zfs else {
             return Ok(match fact.and_then(|f| f.kind.as_ref()) {
@@ -260,11 +263,11 @@ impl Resource for ModelStorageSpec {
         })
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
-        if let Some(c) = change.attributes.iter().find(|a| a.name == CONFLICT) {
-            return Err(StepsError::Refused(c.after.clone().unwrap_or_default()));
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        if let Some(Typed::Conflict { why }) = &change.typed {
+            return Err(StepsError::Refused(why.clone()));
         }
-        Ok(vec![match &self.zfs {
+        guest(vec![match &self.zfs {
             None => Step::Mkdir {
                 path: self.path.clone(),
                 owner: "root".into(),

@@ -8,12 +8,13 @@
 //! Everything is read and written under the node's root (`PROVISION_NODE_ROOT`, empty on
 //! real nodes; the lab's stand-in root), never elsewhere.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::machine::HostError;
 use crate::plan::{Action, Attribute, Change};
 
@@ -147,7 +148,10 @@ impl Resource for NvidiaHostSpec {
                 ),
             });
         }
-        if self.persistenced && !(fact.persistenced_enabled && fact.persistenced_active) {
+        let persistenced =
+            self.persistenced && !(fact.persistenced_enabled && fact.persistenced_active);
+        let mut uvm = false;
+        if persistenced {
             d = d.attr(Attribute::change(
                 PERSISTENCED,
                 Some(state(fact.persistenced_enabled, fact.persistenced_active)),
@@ -156,6 +160,7 @@ impl Resource for NvidiaHostSpec {
         }
         if self.uvm_at_boot {
             let unit_ok = fact.uvm_unit.as_deref() == Some(UVM_UNIT_CONTENT) && fact.uvm_enabled;
+            uvm = !unit_ok || !fact.uvm_nodes;
             if !unit_ok {
                 d = d.attr(Attribute::change(
                     UVM_UNIT,
@@ -175,6 +180,11 @@ impl Resource for NvidiaHostSpec {
                 ));
             }
         }
+        d.typed = Some(Typed::NvidiaHost {
+            driver: !module_ok,
+            persistenced,
+            uvm,
+        });
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
@@ -195,16 +205,30 @@ impl Resource for NvidiaHostSpec {
         )]
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
-        let has = |name: &str| change.attributes.iter().any(|a| a.name == name);
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
+        let Some(Typed::NvidiaHost {
+            driver,
+            persistenced,
+            uvm,
+        }) = change.typed
+        else {
+            return Err(StepsError::Refused(
+                "this change of the node's NVIDIA side says nothing of what to do (a plan not made by its diff)".into(),
+            ));
+        };
         let mut steps = Vec::new();
-        if has("driver") {
+        if driver {
             let Some((path, sha256)) = &self.installer else {
                 return Err(StepsError::Refused(format!(
                     "NVIDIA driver {} is not loaded and no `nvidia.installer` is declared: install it on the node by hand and reboot",
                     self.driver
                 )));
             };
+            if !allowed.install_driver {
+                return Err(StepsError::Refused(
+                    "installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`".into(),
+                ));
+            }
             steps.push(Step::InstallDriver {
                 root: self.root.clone(),
                 path: path.clone(),
@@ -212,21 +236,21 @@ impl Resource for NvidiaHostSpec {
                 version: self.driver.clone(),
             });
         }
-        if has(PERSISTENCED) {
+        if persistenced {
             steps.push(Step::NodeUnit {
                 root: self.root.clone(),
                 unit: PERSISTENCED.into(),
                 content: None,
             });
         }
-        if has(UVM_UNIT) || has("/dev/nvidia-uvm") {
+        if uvm {
             steps.push(Step::NodeUnit {
                 root: self.root.clone(),
                 unit: UVM_UNIT.into(),
                 content: Some(UVM_UNIT_CONTENT.into()),
             });
         }
-        Ok(steps)
+        guest(steps)
     }
 }
 

@@ -1,6 +1,7 @@
 //! A source folder installed editable (`pip install -e`) into a venv, e.g. SGLang from its
 //! checkout.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -75,13 +76,13 @@ impl Resource for PipEditableSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         let source = if self.extras.is_empty() {
             self.source.clone()
         } else {
             format!("{}[{}]", self.source, self.extras.join(","))
         };
-        Ok(vec![Step::PipInstall {
+        guest(vec![Step::PipInstall {
             venv: self.venv.clone(),
             requirements: vec![source],
             editable: true,

@@ -3,6 +3,7 @@
 //! compares: PEP 440 version specifiers, so `torch==2.9.1` is satisfied by the
 //! `2.9.1+cu130` that PyTorch's CUDA index installs.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::fmt;
 use std::str::FromStr;
 
@@ -185,8 +186,8 @@ impl Resource for PipPackagesSpec {
         Ok((!d.attributes.is_empty()).then_some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::PipInstall {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::PipInstall {
             venv: self.venv.clone(),
             requirements: self.packages.iter().map(ToString::to_string).collect(),
             editable: false,

@@ -1,9 +1,10 @@
 //! Lines in a container's Proxmox config that only `root@pam` may set (API tokens get
 //! 403): `devN:` device passthrough and raw `lxc.*` keys. Written over SSH to the node.
 
+use super::op::{Allowed, ApiOp, NodeOp, Op};
 use serde::{Deserialize, Serialize};
 
-use super::wire::{Facts, NotRead, Probe, Step};
+use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
@@ -319,11 +320,19 @@ impl Resource for PveLinesSpec {
         Ok(Some(d))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        // Written over the node's SSH as root (`Op::Node`), not by guest steps.
-        Err(StepsError::NotBuilt(
-            "root-only config lines are written over the node's SSH (a node step), not by guest steps",
-        ))
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // Root-only: over the node's SSH as root. The lines take effect at a start, so the
+        // container starts after them (create stopped -> lines -> start), or reboots.
+        Ok(vec![
+            Op::Node(NodeOp::Lines {
+                address: change.address.clone(),
+                spec: self.clone(),
+            }),
+            Op::Api(ApiOp::Start {
+                vmid: self.vmid,
+                reboot: true,
+            }),
+        ])
     }
 }
 

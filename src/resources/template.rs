@@ -3,9 +3,10 @@
 //! checksum), before any container is created from it. A wrong checksum fails the node's
 //! task and nothing is kept.
 
+use super::op::{Allowed, ApiOp, Op};
 use serde::{Deserialize, Serialize};
 
-use super::wire::{Facts, NotRead, Probe, Step};
+use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
 
@@ -78,8 +79,11 @@ impl Resource for TemplateSpec {
         })
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
-        // Carried out through the node's API (`ApiOp::Template`), not by agent steps.
-        Ok(Vec::new())
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // Fetched by the node through its API, before any container needs it.
+        Ok(vec![Op::Api(ApiOp::Template {
+            address: change.address.clone(),
+            spec: self.clone(),
+        })])
     }
 }

@@ -10,6 +10,7 @@
 //! index that has the name), the editable install, and `direct_url.json`, which the venv probe
 //! reads, as pip writes it.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -131,12 +132,12 @@ impl Resource for UvSpec {
         ))
     }
 
-    fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         let binary = workstation_binary().map_err(|e| StepsError::Refused(e.to_string()))?;
         let packed = zstd::encode_all(binary.as_slice(), 3)
             .map_err(|e| StepsError::Refused(format!("cannot compress uv: {e}")))?;
         use base64::Engine;
-        Ok(vec![Step::InstallTool(Box::new(Tool {
+        guest(vec![Step::InstallTool(Box::new(Tool {
             path: self.path.clone(),
             sha256: self.sha256.clone(),
             zstd_base64: base64::engine::general_purpose::STANDARD.encode(packed),

@@ -1,5 +1,6 @@
 //! A Python virtual environment at a path with a Python release.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
@@ -86,8 +87,8 @@ impl Resource for VenvSpec {
         }
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
-        Ok(vec![Step::CreateVenv {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        guest(vec![Step::CreateVenv {
             path: self.path.clone(),
             python: self.python.clone(),
             replace: change.action == Action::Replace,

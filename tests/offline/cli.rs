@@ -372,6 +372,17 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     insta::with_settings!({filters => vec![(r"/\S*/plan\.json", "[PLAN]")]}, {
         insta::assert_snapshot!("apply_refuses_a_format_3_plan", r.stderr);
     });
+    // Format 3 lacked the typed deltas apply now acts on (a model storage conflict, an APT
+    // key to write, the node's NVIDIA steps): refused by name too.
+    std::fs::write(&file, text.replace("99", "3")).unwrap();
+    let r = run(&["apply", "--yes", path]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr
+            .contains("is a plan in format 3; this provision reads format 4"),
+        "{}",
+        r.stderr
+    );
     // --out needs a plan that read the targets.
     let r = run(&[
         "plan",

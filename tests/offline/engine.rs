@@ -286,3 +286,115 @@ fn a_saved_plan_whose_read_stamp_no_longer_matches_is_refused_before_anything_ru
     assert!(!err.contains("stale"), "{err}");
     assert!(ran > 0, "the plan's operations ran: {err}");
 }
+
+/// Inventories that declare every kind between them (but `removed`): llm-two's, a node
+/// with ZFS model storage and a template, and the seeds' 397B box (uv builds its ml-env).
+const INVENTORIES: &[&str] = &[
+    "inventory/llm-two.yaml",
+    "tests/fixtures/host/zfs-node.yaml",
+    "examples/qwen3.5-397b-nvfp4.yaml",
+];
+
+/// The kinds those inventories do not declare (or not on every workstation), and why: each
+/// is still a kind of the list below.
+const NOT_DECLARED: &[(&str, &str)] = &[
+    (
+        "removed",
+        "planned from a guest's record, never declared (tests/lab/remove.rs)",
+    ),
+    (
+        "uv",
+        "an ml-env's `installer: uv`, declared by the inventory tests/lab/uv.rs writes",
+    ),
+];
+
+/// Every `ResourceSpec` variant, as serde spells its tag: the names its "unknown variant"
+/// error lists, so the enum itself is measured, not a list kept beside it.
+fn every_kind() -> Vec<String> {
+    let err = serde_json::from_str::<ResourceSpec>(r#"{"kind": "no such kind"}"#).unwrap_err();
+    let text = err.to_string();
+    let (_, expected) = text
+        .split_once("expected one of ")
+        .unwrap_or_else(|| panic!("{text}"));
+    let expected = expected.split(" at line").next().unwrap();
+    expected
+        .split(", ")
+        .map(|k| k.trim_matches('`').to_string())
+        .collect()
+}
+
+#[test]
+fn every_kind_is_declared_or_named_and_its_operations_fit_its_target() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let all = ApplyOptions {
+        install_driver: true,
+        allow_replace: true,
+        ..ApplyOptions::default()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let plans = INVENTORIES.iter().map(|i| {
+        let desired = provision::cli::prepare(&root.join(i)).unwrap().desired;
+        offline_plan(i, &desired)
+    });
+    for t in plans.flat_map(|p| p.targets) {
+        for c in &t.changes {
+            let kind = serde_json::to_value(&c.spec).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            // The kind says where it lives, and the plan put it there.
+            let fits = matches!(
+                (c.spec.target_kind(), &t.target),
+                (
+                    provision::resources::TargetKind::Guest,
+                    Target::Guest { .. }
+                ) | (provision::resources::TargetKind::Node, Target::Node { .. })
+                    | (
+                        provision::resources::TargetKind::Container,
+                        Target::Container { .. }
+                    )
+            );
+            assert!(fits, "{kind} planned on {:?}", t.target);
+            let one = TargetPlan {
+                changes: vec![c.clone()],
+                manages: None,
+                ..t.clone()
+            };
+            let mut unsupported = Vec::new();
+            let ops = ops_of(&one, &all, &mut unsupported);
+            seen.insert(kind.clone());
+            if !unsupported.is_empty() {
+                // A kind may refuse (llm-two's driver has no installer declared): then it
+                // runs nothing, and says so at its address.
+                assert!(ops.is_empty(), "{kind}: {ops:?}");
+                assert!(unsupported[0].starts_with(&c.address), "{unsupported:?}");
+                continue;
+            }
+            for op in &ops {
+                // Each operation is one its target's writer carries, and a guest step has a
+                // limit (the agent's attach stops it past that).
+                let carried = match (&t.target, op) {
+                    (Target::Guest { .. }, Op::Guest(step))
+                    | (Target::Node { .. }, Op::Guest(step)) => {
+                        let _ = provision::agent::attach::limit(step);
+                        true
+                    }
+                    (Target::Guest { .. }, Op::Node(NodeOp::PushInstaller { .. })) => true,
+                    (Target::Node { .. }, Op::Api(ApiOp::Template { .. })) => true,
+                    (Target::Container { .. }, Op::Api(_) | Op::Node(NodeOp::Lines { .. })) => true,
+                    _ => false,
+                };
+                assert!(carried, "{kind} on {:?}: {}", t.target, word(op));
+                assert!(!op.describe().is_empty(), "{kind}");
+            }
+        }
+    }
+    // Named kinds count whether or not an inventory declares them here (uv is llm-two's
+    // installer when its wheel is in the workstation's cache).
+    seen.extend(NOT_DECLARED.iter().map(|(kind, _)| kind.to_string()));
+    let every: std::collections::BTreeSet<String> = every_kind().into_iter().collect();
+    assert_eq!(
+        seen, every,
+        "a kind of ResourceSpec is neither declared by INVENTORIES nor named in NOT_DECLARED"
+    );
+}

@@ -5,13 +5,14 @@
 //! verifies the repository's `InRelease` against it: a repository signed by another key
 //! fails `apt-get update` as it does by hand.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::file::FileSpec;
 use super::wire::{Facts, NotRead, Probe, Step};
-use super::{Delta, Resource, StepsError};
+use super::{Delta, Resource, StepsError, Typed};
 use crate::machine::HostError;
 use crate::openpgp;
 use crate::plan::{Action, Attribute, Change};
@@ -160,14 +161,17 @@ impl Resource for AptSourceSpec {
             d.action = Action::Update;
         }
         d.attributes.retain(|a| a.name == "sha256");
+        if key.is_some() {
+            d.typed = Some(Typed::AptKey);
+        }
         d.attributes.extend(key);
         Ok(Some(d))
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         let mut steps = Vec::new();
         if let Some(k) = &self.key
-            && change.attributes.iter().any(|a| a.name == "signed-by")
+            && change.typed == Some(Typed::AptKey)
         {
             let text = match &k.file {
                 Some(f) => Some(std::fs::read(f).map_err(|e| {
@@ -195,7 +199,7 @@ impl Resource for AptSourceSpec {
             group: file.group,
             mode: file.mode,
         });
-        Ok(steps)
+        guest(steps)
     }
 }
 

@@ -1,6 +1,7 @@
 //! A systemd service: enabled, running, restarted only when something it depends on
 //! changed, and health-gated after every (re)start.
 
+use crate::resources::op::{Allowed, Op, guest};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -250,6 +251,10 @@ impl Resource for ServiceSpec {
         } else {
             Action::Create
         });
+        // What the change means for apply, kept as the attributes are added (not read back
+        // from their labels): only `enabled` differing needs no restart; a server that runs
+        // as declared and is only not ready yet is waited for first.
+        let (mut restart, mut only_not_ready) = (false, true);
         let enabled = prop("UnitFileState");
         let want_enabled = if self.enabled { "enabled" } else { "disabled" };
         if enabled.as_deref() != Some(want_enabled) {
@@ -265,6 +270,7 @@ impl Resource for ServiceSpec {
         };
         let running = state.as_deref() == Some("active (running)");
         if !running {
+            (restart, only_not_ready) = (true, false);
             d = d.attr(Attribute::change(
                 "state",
                 state,
@@ -276,6 +282,7 @@ impl Resource for ServiceSpec {
                 d = d.reason(why);
             }
             if !d.reasons.is_empty() {
+                (restart, only_not_ready) = (true, false);
                 d = d.attr(Attribute::change(
                     "loaded unit",
                     Some("differs from the inventory".into()),
@@ -284,6 +291,7 @@ impl Resource for ServiceSpec {
             }
             let stale = self.stale_process(u);
             if !stale.is_empty() {
+                (restart, only_not_ready) = (true, false);
                 for why in stale {
                     d = d.reason(why);
                 }
@@ -297,6 +305,7 @@ impl Resource for ServiceSpec {
             // is-active` says active); systemd's restart count does not.
             let restarts: u32 = prop("NRestarts").and_then(|n| n.parse().ok()).unwrap_or(0);
             if restarts > 0 {
+                (restart, only_not_ready) = (true, false);
                 d = d
                     .reason(format!(
                         "{} crashed: systemd restarted it {restarts} time(s) since it was started (result `{}`, last exit status {})",
@@ -316,12 +325,14 @@ impl Resource for ServiceSpec {
             && let Some(answer) = facts.readiness(&probe)?
             && !answer.listed
         {
+            let first = d.attributes.is_empty();
+            restart = true;
             d = d.attr(Attribute::change(
-                READINESS,
+                "readiness",
                 Some(format!("not ready ({})", answer.describe())),
                 Some(format!("{} lists `{}`", r.url, r.served_model_name)),
             ));
-            if d.attributes.iter().all(|a| a.name == READINESS) {
+            if first {
                 d = d.reason(format!(
                     "{} runs as declared: apply waits for it first (a load in progress is not thrown away) and restarts it only if it hangs, crashes or misses its deadline",
                     self.unit
@@ -342,17 +353,9 @@ impl Resource for ServiceSpec {
         if d.attributes.is_empty() {
             return Ok(None);
         }
-        // Only `enabled` differing needs no restart; anything else does (a start when
-        // stopped, a restart when the loaded unit or what runs differs). A server that runs
-        // as declared and is only not ready yet is waited for first.
-        let restart = d.attributes.iter().any(|a| a.name != "enabled");
-        let wait_first = restart
-            && d.attributes
-                .iter()
-                .all(|a| a.name == "enabled" || a.name == READINESS);
         d.typed = Some(Typed::Service {
             restart,
-            wait_first,
+            wait_first: restart && only_not_ready,
         });
         Ok(Some(d))
     }
@@ -382,13 +385,13 @@ impl Resource for ServiceSpec {
             .collect()
     }
 
-    fn steps(&self, change: &Change) -> Result<Vec<Step>, StepsError> {
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
         let (restart, wait_first) = restart_of(change);
-        Ok(vec![Step::DeployService(Box::new(Deploy {
+        guest([Step::DeployService(Box::new(Deploy {
             service: self.clone(),
             restart,
             wait_first,
-            rollback: true,
+            rollback: allowed.rollback,
         }))])
     }
 }
@@ -405,9 +408,6 @@ pub fn restart_of(change: &Change) -> (bool, bool) {
         _ => (true, false),
     }
 }
-
-/// The attribute a server that runs but does not answer its readiness URL differs in.
-const READINESS: &str = "readiness";
 
 /// A systemd unit's state (a subset of `systemctl show`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
