@@ -75,6 +75,14 @@ pub enum ApiOp {
         /// Reboot a running container (`restart: allowed` and its lines changed).
         reboot: bool,
     },
+    /// Stops and destroys a container provision created that is no longer declared
+    /// (`--allow-destroy`), once its marker is read again and still names its vmid.
+    Destroy {
+        /// The change's plan address, for messages.
+        address: String,
+        /// The container.
+        vmid: u64,
+    },
     /// Have the node download a container template (checksum verified by the node).
     Template {
         /// The change's plan address, for messages.
@@ -97,6 +105,9 @@ impl Op {
                 )
             }
             Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
+            Op::Api(ApiOp::Destroy { vmid, .. }) => {
+                format!("stop and destroy CT {vmid} (host bind mounts kept)")
+            }
             Op::Node(NodeOp::Lines { address, .. }) => {
                 format!("apply {address} over node SSH (pct set / locked config edit)")
             }
@@ -193,6 +204,7 @@ pub struct ApiTarget<A = NodeApi> {
     specs: Vec<ContainerSpec>,
     seen: Option<SeenContainers>,
     cluster: bool,
+    owner: String,
 }
 
 /// The node's containers as the last read listed them: vmid → running. Shared so that
@@ -207,7 +219,15 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
             specs,
             seen: None,
             cluster: false,
+            owner: String::new(),
         }
+    }
+
+    /// The inventory file it acts for: written into the marker of a container it creates,
+    /// and the only inventory whose undeclared containers it names or destroys.
+    pub fn owned_by(mut self, owner: String) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// Records every listing it reads in `seen`.
@@ -255,6 +275,11 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         };
         let mut out = HashMap::new();
         for p in probes {
+            if let Probe::PveCreated {} = p {
+                let created = container::created(api, &listing, &self.owner).map_err(boxed)?;
+                out.insert(p.clone(), Fact::PveCreated(Some(created)));
+                continue;
+            }
             let Probe::PveContainer { vmid } = p else {
                 return Err(AccessError::Unsupported {
                     target: self.describe(),
@@ -316,6 +341,16 @@ impl TargetWriter for ApiTarget<NodeApi> {
                         *action,
                         *allow_replace,
                         *start,
+                        &self.owner,
+                        &mut log,
+                    ),
+                ),
+                Op::Api(ApiOp::Destroy { address, vmid }) => (
+                    address.clone(),
+                    crate::proxmox::container::destroy_undeclared(
+                        &self.api,
+                        *vmid,
+                        &self.owner,
                         &mut log,
                     ),
                 ),

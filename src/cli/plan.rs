@@ -11,7 +11,8 @@ use super::targets::{TargetArgs, select};
 use super::{ExitStatus, Prepared, from_engine, opening, prepare};
 use crate::agent::client::AgentBinary;
 use crate::engine::offline_plan;
-use crate::engine::reconcile;
+use crate::engine::{DesiredTarget, reconcile, removal};
+use crate::plan::Target;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
 use crate::timing;
@@ -105,6 +106,7 @@ pub fn read_targets(
     let (prepared, live) = timing::time("gpus: live facts", || {
         super::node::with_live_gpus(prepared, targets, printer)
     })?;
+    let undeclared = undeclared(&prepared, targets);
     let desired = select(prepared.desired, targets)?;
     let desired = super::ssh::with_login_keys(desired, &prepared.loaded, targets);
     let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
@@ -114,7 +116,7 @@ pub fn read_targets(
         inventory,
         &desired,
         targets.verify_full,
-        targets.prune_models,
+        &undeclared,
         &targets.limits(),
         &|d| {
             printer.status(&format!("reading {}", d.target.heading()));
@@ -178,4 +180,32 @@ pub fn print_plan(plan: &Plan, json: bool, printer: &Printer) -> anyhow::Result<
         printer.result(&render_human(plan, printer.color_out()));
     }
     Ok(())
+}
+
+/// What the plan does with what is no longer declared: containers this inventory created
+/// are looked for on every node in a plan of the whole inventory (none with `--target`,
+/// which reads only what it names); every vmid of the inventory counts as declared.
+fn undeclared(prepared: &Prepared, targets: &TargetArgs) -> removal::Undeclared {
+    let containers = |d: &DesiredTarget| match &d.target {
+        Target::Container { node, vmid, .. } => Some((node.clone(), *vmid)),
+        _ => None,
+    };
+    let declared: Vec<(String, u64)> = prepared.desired.iter().filter_map(containers).collect();
+    let nodes: Vec<String> = match targets.targets.is_empty() {
+        true => prepared
+            .loaded
+            .inventory
+            .nodes
+            .keys()
+            .map(|n| n.to_string())
+            .collect(),
+        false => Vec::new(),
+    };
+    removal::Undeclared {
+        prune_models: targets.prune_models,
+        allow_destroy: targets.allow_destroy,
+        declared: declared.into_iter().map(|(_, v)| v).collect(),
+        nodes,
+        owner: super::targets::owner(&prepared.loaded),
+    }
 }

@@ -131,7 +131,8 @@ impl<'a> ReadSession<'a> {
                     container_specs(d.resources.iter().map(|r| &r.spec)),
                 )
                 .recording(self.seen(node))
-                .in_cluster(in_cluster(self.loaded, node)),
+                .in_cluster(in_cluster(self.loaded, node))
+                .owned_by(super::targets::owner(self.loaded)),
             )),
             Target::Guest { name, .. } => {
                 // Only a listing actually read says the container is not there.

@@ -52,6 +52,11 @@ pub struct TargetArgs {
     /// (without it they are only named, with their size: data is never deleted by omission).
     #[arg(long)]
     pub prune_models: bool,
+    /// Stop and destroy the containers provision created that the inventory no longer
+    /// declares (without it they are named; apply refuses while one runs). Bind-mounted
+    /// host paths are kept; a container provision did not create is never touched.
+    #[arg(long)]
+    pub allow_destroy: bool,
     /// Trust any TLS certificate of the nodes' APIs instead of the inventory's `tls:`
     /// (warned about on every run).
     #[arg(long)]
@@ -85,6 +90,15 @@ impl TargetArgs {
             fail_fast: self.fail_fast,
         }
     }
+}
+
+/// The inventory file as containers' markers name it: its absolute path (a container
+/// another inventory created on the same node is not this one's to name or destroy).
+pub fn owner(loaded: &Loaded) -> String {
+    std::fs::canonicalize(&loaded.path)
+        .unwrap_or_else(|_| loaded.path.clone())
+        .display()
+        .to_string()
 }
 
 /// The desired targets `--target` selects (all without it); an unknown name is an error.
@@ -165,7 +179,8 @@ impl<'a> Connections<'a> {
                     self.node(node)?,
                     container_specs(t.changes.iter().map(|c| &c.spec)),
                 )
-                .in_cluster(in_cluster(self.loaded, node));
+                .in_cluster(in_cluster(self.loaded, node))
+                .owned_by(owner(self.loaded));
                 if t.changes.iter().any(|c| {
                     matches!(c.spec, ResourceSpec::Container(_))
                         && matches!(c.action, Action::Create | Action::Replace)

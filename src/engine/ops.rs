@@ -42,6 +42,14 @@ pub fn ops_of(t: &TargetPlan, options: &ApplyOptions, unsupported: &mut Vec<Stri
             steps.push(step);
             steps.extend(weights.remove(&k));
         }
+        if let Some(vmid) = super::removal::destroys_container(&c.spec) {
+            // Through the node's API: stopped, then destroyed (host bind mounts kept).
+            ops.push(Op::Api(ApiOp::Destroy {
+                address: c.address.clone(),
+                vmid,
+            }));
+            continue;
+        }
         if let ResourceSpec::Container(spec) = &c.spec {
             // Applied through the node's API, not by guest steps; started only after
             // root-only lines, when there are any.

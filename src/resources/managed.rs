@@ -62,6 +62,20 @@ pub enum Entry {
         /// The repository it holds.
         repo: String,
     },
+    /// A container provision created (its marker names its vmid) that no declared
+    /// container is: found in the node's listing, never in a guest's record.
+    Container {
+        /// Its vmid.
+        vmid: u64,
+        /// The node's name in Proxmox.
+        node: String,
+        /// Its hostname.
+        hostname: String,
+        /// When provision created it (from the marker).
+        created: String,
+        /// The inventory file that created it (from the marker).
+        owner: String,
+    },
 }
 
 impl Entry {
@@ -94,6 +108,7 @@ impl Entry {
             Entry::File { .. } => "file",
             Entry::Service { .. } => "service",
             Entry::Model { .. } => "model",
+            Entry::Container { .. } => "container",
         }
     }
 
@@ -101,6 +116,7 @@ impl Entry {
         match self {
             Entry::File { path, .. } | Entry::Model { path, .. } => path.clone(),
             Entry::Service { unit } => unit.clone(),
+            Entry::Container { vmid, .. } => vmid.to_string(),
         }
     }
 
@@ -110,6 +126,7 @@ impl Entry {
             Entry::Service { .. } => 0,
             Entry::File { .. } => 1,
             Entry::Model { .. } => 2,
+            Entry::Container { .. } => 3,
         }
     }
 }
@@ -150,7 +167,8 @@ pub fn removals(record: &Record, declared: &[String], prune_models: bool) -> Vec
 pub struct Removal {
     /// What the record says provision made.
     pub entry: Entry,
-    /// Delete a model folder (`--prune-models`); without it a model is only named.
+    /// Delete a model folder (`--prune-models`), destroy a container (`--allow-destroy`);
+    /// without it a model is only named, and a stopped container too.
     #[serde(default)]
     pub prune: bool,
 }
@@ -208,6 +226,7 @@ impl Resource for Removal {
             Entry::File { path, .. } => Probe::Path { path: path.clone() },
             Entry::Service { unit } => Probe::Unit { name: unit.clone() },
             Entry::Model { path, .. } => Probe::FolderSize { path: path.clone() },
+            Entry::Container { vmid, .. } => Probe::PveContainer { vmid: *vmid },
         }]
     }
 
@@ -255,6 +274,7 @@ impl Resource for Removal {
                 ),
                 _ => None,
             },
+            Entry::Container { .. } => super::undeclared::diff(self, facts)?,
         })
     }
 
@@ -264,6 +284,7 @@ impl Resource for Removal {
                 Ok(Some(bytes)) => vec![kept_note(path, bytes)],
                 _ => Vec::new(),
             },
+            Entry::Container { .. } => super::undeclared::warnings(self, facts),
             Entry::File { path, .. } => match self.file_state(facts) {
                 Ok(FileState::Changed) => vec![format!(
                     "file {path} is no longer declared but changed since provision wrote it: kept"
@@ -275,6 +296,12 @@ impl Resource for Removal {
     }
 
     fn steps(&self, _: &Change) -> Result<Vec<Step>, StepsError> {
+        if let Entry::Container { vmid, .. } = &self.entry {
+            // Destroyed through the node's API (`ApiOp::Destroy`), never by a guest.
+            return Err(StepsError::Refused(format!(
+                "CT {vmid} is destroyed through its node's API, not by guest steps"
+            )));
+        }
         Ok(vec![Step::Remove(self.clone())])
     }
 }
@@ -374,6 +401,9 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
                 }
                 _ => {}
             }
+        }
+        Entry::Container { vmid, .. } => {
+            return Err(format!("CT {vmid} is destroyed through its node's API").into());
         }
     }
     Ok(())

@@ -21,6 +21,7 @@ pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
 pub mod template;
+pub mod undeclared;
 pub mod uv;
 pub mod venv;
 pub mod wire;

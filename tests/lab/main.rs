@@ -26,4 +26,5 @@ mod rebuild;
 mod remove;
 mod service;
 mod stream;
+mod undeclared;
 mod uv;
