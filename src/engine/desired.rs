@@ -156,6 +156,7 @@ pub fn desired_state(
             if let Err(e) = check_dependencies(&guest) {
                 errors.push(e);
             }
+            let guest: Vec<Desired> = super::removal::absent_models(ct).chain(guest).collect();
             targets.push(DesiredTarget {
                 target: Target::Container {
                     node: node_name.to_string(),

@@ -94,6 +94,7 @@ fn undeclared_plan(
             owner: u.owner.clone(),
         },
         prune: u.allow_destroy,
+        absent: false,
     };
     let d = DesiredTarget {
         target: Target::Container {
@@ -120,6 +121,22 @@ fn undeclared_plan(
         prune_models: u.prune_models,
     });
     Ok(plan)
+}
+
+/// The deletions of the model folders `ct` declares `state: absent`, to go in front of
+/// what it declares (they free the model store before anything is downloaded).
+pub fn absent_models(ct: &crate::inventory::Container) -> impl Iterator<Item = Desired> + '_ {
+    ct.models.values().filter(|m| m.absent()).map(|m| Desired {
+        spec: ResourceSpec::Removed(Removal {
+            entry: Entry::Model {
+                path: m.path.to_string(),
+                repo: m.repo.to_string(),
+            },
+            prune: true,
+            absent: true,
+        }),
+        role: None,
+    })
 }
 
 /// Whether `spec` destroys a container (a removal of an [`Entry::Container`]).
@@ -197,7 +214,11 @@ mod tests {
 
     fn removed(entry: Entry, prune: bool) -> Desired {
         Desired {
-            spec: ResourceSpec::Removed(Removal { entry, prune }),
+            spec: ResourceSpec::Removed(Removal {
+                entry,
+                prune,
+                absent: false,
+            }),
             role: None,
         }
     }

@@ -155,6 +155,7 @@ pub fn removals(record: &Record, declared: &[String], prune_models: bool) -> Vec
         .map(|e| Removal {
             entry: e.clone(),
             prune: prune_models,
+            absent: false,
         })
         .collect();
     out.sort_by_key(|r| r.entry.order());
@@ -171,6 +172,9 @@ pub struct Removal {
     /// without it a model is only named, and a stopped container too.
     #[serde(default)]
     pub prune: bool,
+    /// Declared `state: absent` (a model): deleted because the inventory says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
 }
 
 impl Removal {
@@ -231,7 +235,10 @@ impl Resource for Removal {
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let gone = Delta::new(Action::Delete).reason("no longer declared");
+        let gone = match self.absent {
+            true => Delta::new(Action::Delete),
+            false => Delta::new(Action::Delete).reason("no longer declared"),
+        };
         Ok(match &self.entry {
             Entry::File { sha256, .. } => match self.file_state(facts)? {
                 FileState::AsWritten => Some(
@@ -270,7 +277,10 @@ impl Resource for Removal {
                         Some(crate::hub::error::size(bytes)),
                         None,
                     ))
-                    .reason(format!("{repo}: deleted (--prune-models)")),
+                    .reason(match self.absent {
+                        true => format!("{repo}: deleted (`state: absent`)"),
+                        false => format!("{repo}: deleted (--prune-models)"),
+                    }),
                 ),
                 _ => None,
             },
@@ -459,6 +469,7 @@ mod tests {
         let keep = Removal {
             entry: entry.clone(),
             prune: false,
+            absent: false,
         };
         let facts = Facts::Read(
             [(
@@ -473,7 +484,11 @@ mod tests {
             keep.warnings(&facts),
             ["model /m/a is no longer declared: kept; `--prune-models` deletes 3.0 GiB"]
         );
-        let prune = Removal { entry, prune: true };
+        let prune = Removal {
+            entry,
+            prune: true,
+            absent: false,
+        };
         let d = prune.diff(&facts).unwrap().unwrap();
         assert_eq!(d.action, Action::Delete);
         assert!(!prune.kept(&facts));

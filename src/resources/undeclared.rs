@@ -132,6 +132,7 @@ mod tests {
                 owner: "/inv.yaml".into(),
             },
             prune,
+            absent: false,
         }
     }
 
