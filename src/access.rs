@@ -98,6 +98,7 @@ pub struct ApiTarget<A = NodeApi> {
     specs: Vec<ContainerSpec>,
     listed: Option<Arc<Listing>>,
     cluster: bool,
+    owner: String,
 }
 
 /// A node's containers as one listing showed them: vmid → (name, running).
@@ -111,7 +112,15 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
             specs,
             listed: None,
             cluster: false,
+            owner: String::new(),
         }
+    }
+
+    /// The inventory file it acts for: written into the marker of a container it creates,
+    /// and the only inventory whose undeclared containers it names or destroys.
+    pub fn owned_by(mut self, owner: String) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// Reads the node's containers from `listing`, made earlier in the same session,
@@ -159,6 +168,11 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         };
         let mut out = HashMap::new();
         for p in probes {
+            if let Probe::PveCreated {} = p {
+                let created = container::created(api, &listing, &self.owner).map_err(boxed)?;
+                out.insert(p.clone(), Fact::PveCreated(Some(created)));
+                continue;
+            }
             let Probe::PveContainer { vmid } = p else {
                 return Err(AccessError::Unsupported {
                     target: self.describe(),
@@ -220,6 +234,16 @@ impl TargetWriter for ApiTarget<NodeApi> {
                         *action,
                         *allow_replace,
                         *start,
+                        &self.owner,
+                        &mut log,
+                    ),
+                ),
+                Op::Api(ApiOp::Destroy { address, vmid }) => (
+                    address.clone(),
+                    crate::proxmox::container::destroy_undeclared(
+                        &self.api,
+                        *vmid,
+                        &self.owner,
                         &mut log,
                     ),
                 ),

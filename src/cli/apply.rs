@@ -153,6 +153,7 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
             rollback: !args.no_rollback,
             allow_replace: args.allow_replace,
             install_driver: args.install_driver,
+            allow_destroy: args.targets.allow_destroy,
             saved,
         },
         &args.targets.limits(),

@@ -11,8 +11,9 @@ use super::{ExitStatus, from_engine, from_session, load_valid, prepare, session_
 use crate::agent::client::AgentBinary;
 use crate::compile::Library;
 use crate::engine::offline_plan;
-use crate::engine::reconcile;
+use crate::engine::{DesiredTarget, reconcile, removal};
 use crate::inventory::Loaded;
+use crate::plan::Target;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
 use crate::proxmox::ApiReader;
@@ -112,6 +113,7 @@ pub fn read_targets<A: Api>(
     let (desired, live) = timing::time("gpus: live facts", || {
         super::node::with_live_gpus(library, session, targets, printer)
     })?;
+    let undeclared = undeclared(&desired, loaded, targets);
     let desired = select(desired, targets)?;
     let desired = ssh::with_login_keys(desired, loaded, session.settings());
     session.warn_insecure();
@@ -120,7 +122,7 @@ pub fn read_targets<A: Api>(
         inventory,
         &desired,
         targets.verify_full,
-        targets.prune_models,
+        &undeclared,
         &targets.limits(),
         &|d| {
             printer.status(&format!("reading {}", d.target.heading()));
@@ -182,4 +184,35 @@ pub fn print_plan(plan: &Plan, json: bool, printer: &Printer) -> anyhow::Result<
         printer.result(&render_human(plan, printer.color_out()));
     }
     Ok(())
+}
+
+/// What the plan does with what is no longer declared: containers this inventory created
+/// are looked for on every node in a plan of the whole inventory (none with `--target`,
+/// which reads only what it names); every vmid of the inventory counts as declared.
+fn undeclared(
+    desired: &[DesiredTarget],
+    loaded: &Loaded,
+    targets: &TargetArgs,
+) -> removal::Undeclared {
+    let containers = |d: &DesiredTarget| match &d.target {
+        Target::Container { node, vmid, .. } => Some((node.clone(), *vmid)),
+        _ => None,
+    };
+    let declared: Vec<(String, u64)> = desired.iter().filter_map(containers).collect();
+    let nodes: Vec<String> = match targets.targets.is_empty() {
+        true => loaded
+            .inventory
+            .nodes
+            .keys()
+            .map(|n| n.to_string())
+            .collect(),
+        false => Vec::new(),
+    };
+    removal::Undeclared {
+        prune_models: targets.prune_models,
+        allow_destroy: targets.allow_destroy,
+        declared: declared.into_iter().map(|(_, v)| v).collect(),
+        nodes,
+        owner: crate::session::owner(loaded),
+    }
 }

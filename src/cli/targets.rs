@@ -34,6 +34,11 @@ pub struct TargetArgs {
     /// (without it they are only named, with their size: data is never deleted by omission).
     #[arg(long)]
     pub prune_models: bool,
+    /// Stop and destroy the containers provision created that the inventory no longer
+    /// declares (without it they are named; apply refuses while one runs). Bind-mounted
+    /// host paths are kept; a container provision did not create is never touched.
+    #[arg(long)]
+    pub allow_destroy: bool,
     /// Trust any TLS certificate of the nodes' APIs instead of the inventory's `tls:`
     /// (warned about on every run).
     #[arg(long)]

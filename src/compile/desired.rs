@@ -151,6 +151,7 @@ pub fn desired_state(
             if let Err(e) = check_dependencies(&guest) {
                 errors.push(e);
             }
+            let guest: Vec<Desired> = absent_models(ct).chain(guest).collect();
             targets.push(DesiredTarget {
                 target: Target::Container {
                     node: node_name.to_string(),
@@ -265,4 +266,20 @@ fn check_dependencies(resources: &[Desired]) -> Result<(), Diagnostic> {
         }
     }
     Ok(())
+}
+
+/// The deletions of the model folders `ct` declares `state: absent`, to go in front of
+/// what it declares (they free the model store before anything is downloaded).
+fn absent_models(ct: &crate::inventory::Container) -> impl Iterator<Item = Desired> + '_ {
+    ct.models.values().filter(|m| m.absent()).map(|m| Desired {
+        spec: ResourceSpec::Removed(crate::resources::managed::Removal {
+            entry: crate::resources::managed::Entry::Model {
+                path: m.path.to_string(),
+                repo: m.repo.to_string(),
+            },
+            prune: true,
+            absent: true,
+        }),
+        role: None,
+    })
 }

@@ -155,6 +155,7 @@ mod tests {
                 unit: "a.service".into(),
             },
             prune: false,
+            absent: false,
         };
         let kept: Record = record_of([&file]);
         let t = TargetPlan {

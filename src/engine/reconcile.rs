@@ -46,16 +46,17 @@ impl PartialPlan {
 /// plans the guest from the node's listing, shared with the container's read). A target that
 /// cannot be read does not keep the others from being planned unless `limits.fail_fast`.
 /// `verify_full`: the readers re-hash model files, recorded in the plan so a saved plan is
-/// re-read the same way. `prune_models`: a model folder no longer declared is planned for
-/// deletion, not only named.
+/// re-read the same way. `undeclared`: what is done with what the inventory no longer
+/// declares (model folders, containers provision created on the listed nodes).
 pub fn plan(
     inventory: &str,
     desired: &[DesiredTarget],
     verify_full: bool,
-    prune_models: bool,
+    undeclared: &removal::Undeclared,
     limits: &Limits,
     read: &Read,
 ) -> PartialPlan {
+    let prune_models = undeclared.prune_models;
     let targets: Vec<&Target> = desired.iter().map(|d| &d.target).collect();
     let results = schedule::run(
         &schedule::read_jobs(&targets),
@@ -95,6 +96,9 @@ pub fn plan(
     }
     super::node_desired::note_rebuilds(desired, &mut planned);
     super::empty_guest::replan_replaced_guests(desired, &mut planned);
+    let (gone, unread) = removal::containers(undeclared, read);
+    planned.extend(gone);
+    failures.extend(unread);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
@@ -133,6 +137,8 @@ pub struct ApplyOptions {
     pub allow_replace: bool,
     /// Run a planned NVIDIA driver install (a reboot follows).
     pub install_driver: bool,
+    /// Destroy a container provision created that is no longer declared.
+    pub allow_destroy: bool,
 }
 
 impl Default for ApplyOptions {
@@ -142,6 +148,7 @@ impl Default for ApplyOptions {
             saved: false,
             allow_replace: false,
             install_driver: false,
+            allow_destroy: false,
         }
     }
 }
@@ -192,6 +199,22 @@ pub fn apply(
                 refused.address
             ))
             .hint("replacing destroys the container's own volumes (host bind mounts are kept); pass --allow-replace to go ahead")
+            .into());
+        }
+        if let Some(c) = t
+            .changes
+            .iter()
+            .find(|c| removal::destroys_container(&c.spec).is_some())
+            && !options.allow_destroy
+        {
+            let mut d = Diagnostic::new(format!(
+                "{} was created by provision and is no longer declared; destroying it needs --allow-destroy; nothing was changed",
+                c.address
+            ));
+            for w in &c.warnings {
+                d = d.cause(w.clone());
+            }
+            return Err(d.hint("pass --allow-destroy to stop and destroy it (its own volumes; bind-mounted host paths are kept), or stop it to keep it (a stopped one is only named)")
             .into());
         }
         if !t.changes.is_empty() {

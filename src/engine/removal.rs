@@ -2,12 +2,137 @@
 //! target, planned as removals ahead of everything declared (a service that holds a port
 //! or GPUs stops before a new one starts), and the record apply writes back.
 
+use super::error::EngineError;
+use super::reconcile::Read;
 use super::{Desired, DesiredTarget};
 use crate::access::TargetReader;
-use crate::plan::Target;
+use crate::plan::{ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
-use crate::resources::managed::{self, Record};
-use crate::resources::wire::{Facts, Probe};
+use crate::resources::managed::{self, Entry, Record, Removal};
+use crate::resources::wire::{Fact, Facts, Probe};
+
+/// What `plan` does with what the inventory no longer declares.
+#[derive(Debug, Clone, Default)]
+pub struct Undeclared {
+    /// A model folder no longer declared is planned for deletion, not only named.
+    pub prune_models: bool,
+    /// A container provision created that is no longer declared is planned for destroying
+    /// even when it is stopped (a running one always is a change apply refuses without it).
+    pub allow_destroy: bool,
+    /// Every vmid the inventory declares, on any node (a container found on another node
+    /// than declared is misplaced, not undeclared).
+    pub declared: Vec<u64>,
+    /// The inventory's nodes whose containers are listed for those provision created.
+    pub nodes: Vec<String>,
+    /// The inventory file the plan is made from (its containers' markers name it).
+    pub owner: String,
+}
+
+/// The containers provision created on `u.nodes` that no vmid of `u.declared` is, each
+/// planned as its own `container.<hostname>` target with one removal; the nodes whose
+/// listing could not be read, with why.
+pub fn containers(u: &Undeclared, read: &Read) -> (Vec<TargetPlan>, Vec<(Target, EngineError)>) {
+    let mut plans = Vec::new();
+    let mut failures = Vec::new();
+    for node in &u.nodes {
+        // The node's API, reached as any of its containers is (no spec: nothing declared).
+        let lister = DesiredTarget {
+            target: Target::Container {
+                node: node.clone(),
+                name: format!("(containers on {node})"),
+                vmid: 0,
+            },
+            resources: Vec::new(),
+        };
+        let found = read(&lister)
+            .map_err(EngineError::Open)
+            .and_then(|r| Ok(r.read(&[Probe::PveCreated {}])?))
+            .and_then(|facts| Ok(facts.pve_created(&Probe::PveCreated {})?.cloned()));
+        let created = match found {
+            Ok(c) => c.unwrap_or_default(),
+            Err(e) => {
+                failures.push((lister.target, e));
+                continue;
+            }
+        };
+        for (vmid, fact) in created {
+            if u.declared.contains(&vmid) {
+                continue;
+            }
+            match undeclared_plan(node, vmid, fact, u) {
+                Ok(p) => plans.push(p),
+                Err(e) => failures.push((
+                    Target::Container {
+                        node: node.clone(),
+                        name: vmid.to_string(),
+                        vmid,
+                    },
+                    e,
+                )),
+            }
+        }
+    }
+    (plans, failures)
+}
+
+/// The plan of one undeclared container provision created, from its config as listed.
+fn undeclared_plan(
+    node: &str,
+    vmid: u64,
+    fact: crate::resources::container::PveContainerFact,
+    u: &Undeclared,
+) -> Result<TargetPlan, EngineError> {
+    let hostname = fact.current("hostname").unwrap_or("").to_string();
+    let created =
+        crate::resources::container::marker_created(&fact, vmid, &u.owner).unwrap_or_default();
+    let removal = Removal {
+        entry: Entry::Container {
+            vmid,
+            node: node.to_string(),
+            hostname: hostname.clone(),
+            created,
+            owner: u.owner.clone(),
+        },
+        prune: u.allow_destroy,
+        absent: false,
+    };
+    let d = DesiredTarget {
+        target: Target::Container {
+            node: node.to_string(),
+            name: if hostname.is_empty() {
+                vmid.to_string()
+            } else {
+                hostname
+            },
+            vmid,
+        },
+        resources: vec![Desired {
+            spec: ResourceSpec::Removed(removal),
+            role: None,
+        }],
+    };
+    let probes = vec![Probe::PveContainer { vmid }];
+    let facts = Facts::Read([(probes[0].clone(), Fact::PveContainer(Some(fact)))].into());
+    let mut plan = super::diff_target(&d, &facts)?;
+    plan.read = Some(ReadStamp {
+        digest: facts.digest(&probes)?,
+        probes,
+        verify_full: false,
+        prune_models: u.prune_models,
+    });
+    Ok(plan)
+}
+
+/// Whether `spec` destroys a container (a removal of an [`Entry::Container`]).
+pub fn destroys_container(spec: &ResourceSpec) -> Option<u64> {
+    match spec {
+        ResourceSpec::Removed(Removal {
+            entry: Entry::Container { vmid, .. },
+            ..
+        }) => Some(*vmid),
+        _ => None,
+    }
+}
 
 /// `d`'s probes read on `reader` together with the guest's record, then the probes of what
 /// the record holds and `d` no longer declares: `d` with those removals in front, the
@@ -16,7 +141,7 @@ pub fn read_target(
     d: &DesiredTarget,
     reader: &dyn TargetReader,
     prune_models: bool,
-) -> Result<(DesiredTarget, Facts, Vec<Probe>), super::error::EngineError> {
+) -> Result<(DesiredTarget, Facts, Vec<Probe>), EngineError> {
     let mut probes = d.probes();
     let guest = matches!(d.target, Target::Guest { .. });
     if guest && !probes.contains(&Probe::Managed {}) {
@@ -70,12 +195,14 @@ pub fn record(d: &DesiredTarget, facts: &Facts) -> Option<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::managed::{Entry, Removal};
-    use crate::resources::wire::Fact;
 
     fn removed(entry: Entry, prune: bool) -> Desired {
         Desired {
-            spec: ResourceSpec::Removed(Removal { entry, prune }),
+            spec: ResourceSpec::Removed(Removal {
+                entry,
+                prune,
+                absent: false,
+            }),
             role: None,
         }
     }

@@ -362,6 +362,28 @@ pub struct HfModel {
     pub token: Option<Sp<SecretRef>>,
     /// The hub's URL (a mirror); `https://huggingface.co` when unset.
     pub endpoint: Option<Sp<Text>>,
+    /// `present` (the default) or `absent`: the folder is deleted (as `--prune-models`
+    /// deletes an undeclared one, for this model alone), shown in `plan` with its size.
+    #[serde(default)]
+    pub state: Sp<ModelState>,
+}
+
+impl HfModel {
+    /// Whether the model is declared `state: absent`.
+    pub fn absent(&self) -> bool {
+        self.state.value == ModelState::Absent
+    }
+}
+
+/// Whether a model's folder is to be there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelState {
+    /// Downloaded and verified.
+    #[default]
+    Present,
+    /// Deleted, with everything in its folder.
+    Absent,
 }
 
 fn default_revision() -> Sp<Text> {

@@ -14,7 +14,7 @@ use crate::plan::Action;
 use crate::resources::Delta;
 use crate::resources::container::PveContainerFact;
 use crate::resources::container::{
-    ContainerSpec, RestartPolicy, marker_description, marker_template,
+    ContainerSpec, RestartPolicy, marker_created, marker_description, marker_template,
 };
 
 /// How long a create (template unpack) or a power task may take.
@@ -313,6 +313,7 @@ pub fn apply(
     planned: Action,
     allow_replace: bool,
     start: bool,
+    owner: &str,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     if planned == Action::Replace && !allow_replace {
@@ -341,16 +342,16 @@ pub fn apply(
             return Ok(());
         };
         let result = match (delta.action, &found) {
-            (Action::Create, _) => create(api, spec, start, log),
+            (Action::Create, _) => create(api, spec, start, owner, log),
             (Action::Replace, Some(f)) => {
                 if !allow_replace {
                     return Err(ContainerError::ReplaceRefused(spec.vmid));
                 }
-                destroy(api, spec.vmid, f.running, log)?;
-                create(api, spec, start, log)
+                destroy(api, spec.vmid, f.running, &[], log)?;
+                create(api, spec, start, owner, log)
             }
             (_, Some(f)) => update(api, spec, f, &delta, start, log),
-            (_, None) => create(api, spec, start, log),
+            (_, None) => create(api, spec, start, owner, log),
         };
         match result {
             Err(ContainerError::Api(ProxmoxError::Modified { .. })) => continue,
@@ -474,10 +475,16 @@ fn create(
     api: &NodeApi,
     spec: &ContainerSpec,
     start: bool,
+    owner: &str,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let vmid = spec.vmid.to_string();
-    let description = marker_description(spec.get("ostemplate").unwrap_or_default());
+    let description = marker_description(
+        spec.get("ostemplate").unwrap_or_default(),
+        spec.vmid,
+        &crate::resources::container::now(),
+        owner,
+    );
     let keys = spec.ssh_public_keys.join("\n");
     let mut params: Vec<(&str, &str)> = vec![("vmid", &vmid)];
     params.extend(spec.config.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -500,10 +507,14 @@ fn create(
     Ok(())
 }
 
+/// Stops CT `vmid` when `running`, then `DELETE /nodes/{node}/lxc/{vmid}` with `params`.
+/// Proxmox removes the container's own volumes (rootfs, volume mount points, `unusedN`);
+/// a bind-mounted host path is never one of them.
 fn destroy(
     api: &NodeApi,
     vmid: u64,
     running: bool,
+    params: &[(&str, &str)],
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let base = api.node_path(&format!("/lxc/{vmid}"));
@@ -514,10 +525,76 @@ fn destroy(
         log,
         &format!("destroy CT {vmid} (its own volumes; host bind mounts kept)"),
         || {
-            let upid = api.call("DELETE", &base, &[])?;
+            let upid = api.call("DELETE", &base, params)?;
             follow(api, &upid, TASK_LIMIT)
         },
     )?;
+    Ok(())
+}
+
+/// The node's containers whose marker says the inventory `owner` created them at their own
+/// vmid, from `listing` (each one's config read: 2 calls per container of the node).
+pub fn created(
+    api: &ApiReader,
+    listing: &BTreeMap<u64, (String, bool)>,
+    owner: &str,
+) -> Result<BTreeMap<u64, PveContainerFact>, ContainerError> {
+    let mut out = BTreeMap::new();
+    if owner.is_empty() {
+        return Ok(out);
+    }
+    for (vmid, (_, running)) in listing {
+        let fact = match read(api, *vmid, *running) {
+            // Destroyed since it was listed (Proxmox: "Configuration file ... does not
+            // exist"): not there, so nothing to name.
+            Err(ProxmoxError::Api { message, .. })
+                if message.contains("Configuration file") && message.contains("does not exist") =>
+            {
+                continue;
+            }
+            other => other?,
+        };
+        if marker_created(&fact, *vmid, owner).is_some() {
+            out.insert(*vmid, fact);
+        }
+    }
+    Ok(out)
+}
+
+/// Destroys CT `vmid`, a container provision created that is no longer declared
+/// (`--allow-destroy`): read again first, and refused unless its marker still names its
+/// vmid; stopped, then destroyed with `purge=1` (its backup, replication and HA entries go
+/// with it, so a later container at this vmid does not inherit them) and
+/// `destroy-unreferenced-disks=0` (a disk of this vmid the config does not name may be
+/// someone's data: kept). Read back: it must be gone.
+pub fn destroy_undeclared(
+    api: &NodeApi,
+    vmid: u64,
+    owner: &str,
+    log: &mut dyn FnMut(&str, Duration),
+) -> Result<(), ContainerError> {
+    let listing = list(api)?;
+    let Some((_, running)) = listing.get(&vmid) else {
+        log(&format!("CT {vmid}: already gone"), Duration::ZERO);
+        return Ok(());
+    };
+    let fact = read(api, vmid, *running)?;
+    if marker_created(&fact, vmid, owner).is_none() {
+        return Err(ContainerError::Unsupported {
+            vmid,
+            what:
+                "its description no longer carries provision's marker for this vmid: not destroyed"
+                    .into(),
+        });
+    }
+    let params = [("purge", "1"), ("destroy-unreferenced-disks", "0")];
+    destroy(api, vmid, *running, &params, log)?;
+    if list(api)?.contains_key(&vmid) {
+        return Err(ContainerError::NotConverged {
+            vmid,
+            what: "it is still listed after its destroy task ended".into(),
+        });
+    }
     Ok(())
 }
 

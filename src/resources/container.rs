@@ -44,9 +44,38 @@ fn applies_live(key: &str) -> bool {
 /// records its template (Proxmox keeps no `ostemplate`), so a template change is seen.
 pub const MARKER: &str = "Managed by provision.";
 
-/// The description written at creation.
-pub fn marker_description(template: &str) -> String {
-    format!("{MARKER}\nprovision: template={template}\n")
+/// The description written at creation: the marker, the template, and the vmid it was
+/// created at, when, and by which inventory (`provision: created=<vmid> at <utc> by
+/// <inventory file>`). A copy of the container (`pct clone`, a restore to another vmid)
+/// carries the description along, so only a marker naming the container's own vmid says
+/// provision created it; another inventory's containers on the same node are not this
+/// one's to name.
+pub fn marker_description(template: &str, vmid: u64, at: &str, owner: &str) -> String {
+    format!(
+        "{MARKER}\nprovision: template={template}\nprovision: created={vmid} at {at} by {owner}\n"
+    )
+}
+
+/// The time a container is created at, as its marker records it (UTC).
+pub fn now() -> String {
+    crate::machine::utc_now()
+}
+
+/// When the inventory `owner` created the container `found` at `vmid`, from its marker:
+/// `None` for a container provision did not create, a copy made at another vmid, one of
+/// another inventory, or one created before the marker named its vmid (none of them is
+/// ever named or destroyed for being undeclared).
+pub fn marker_created(found: &PveContainerFact, vmid: u64, owner: &str) -> Option<String> {
+    let d = found.current("description")?;
+    if !d.starts_with(MARKER) || owner.is_empty() {
+        return None;
+    }
+    let rest = d
+        .lines()
+        .find_map(|l| l.strip_prefix("provision: created="))?;
+    let (id, rest) = rest.split_once(" at ")?;
+    let (at, by) = rest.split_once(" by ")?;
+    (id.trim().parse::<u64>().ok()? == vmid && by.trim() == owner).then(|| at.trim().to_string())
 }
 
 /// The template recorded by [`marker_description`], when provision created the container.
@@ -548,7 +577,12 @@ mod tests {
             config: vec![
                 (
                     "description".into(),
-                    marker_description("local:vztmpl/debian.tar.zst"),
+                    marker_description(
+                        "local:vztmpl/debian.tar.zst",
+                        129,
+                        "2026-01-01T00:00:00Z",
+                        "/inv.yaml",
+                    ),
                 ),
                 ("hostname".into(), "llm".into()),
                 ("memory".into(), "2048".into()),

@@ -63,6 +63,20 @@ pub enum Entry {
         /// The repository it holds.
         repo: String,
     },
+    /// A container provision created (its marker names its vmid) that no declared
+    /// container is: found in the node's listing, never in a guest's record.
+    Container {
+        /// Its vmid.
+        vmid: u64,
+        /// The node's name in Proxmox.
+        node: String,
+        /// Its hostname.
+        hostname: String,
+        /// When provision created it (from the marker).
+        created: String,
+        /// The inventory file that created it (from the marker).
+        owner: String,
+    },
 }
 
 impl Entry {
@@ -95,6 +109,7 @@ impl Entry {
             Entry::File { .. } => "file",
             Entry::Service { .. } => "service",
             Entry::Model { .. } => "model",
+            Entry::Container { .. } => "container",
         }
     }
 
@@ -102,6 +117,7 @@ impl Entry {
         match self {
             Entry::File { path, .. } | Entry::Model { path, .. } => path.clone(),
             Entry::Service { unit } => unit.clone(),
+            Entry::Container { vmid, .. } => vmid.to_string(),
         }
     }
 
@@ -111,6 +127,7 @@ impl Entry {
             Entry::Service { .. } => 0,
             Entry::File { .. } => 1,
             Entry::Model { .. } => 2,
+            Entry::Container { .. } => 3,
         }
     }
 }
@@ -139,6 +156,7 @@ pub fn removals(record: &Record, declared: &[String], prune_models: bool) -> Vec
         .map(|e| Removal {
             entry: e.clone(),
             prune: prune_models,
+            absent: false,
         })
         .collect();
     out.sort_by_key(|r| r.entry.order());
@@ -151,9 +169,13 @@ pub fn removals(record: &Record, declared: &[String], prune_models: bool) -> Vec
 pub struct Removal {
     /// What the record says provision made.
     pub entry: Entry,
-    /// Delete a model folder (`--prune-models`); without it a model is only named.
+    /// Delete a model folder (`--prune-models`), destroy a container (`--allow-destroy`);
+    /// without it a model is only named, and a stopped container too.
     #[serde(default)]
     pub prune: bool,
+    /// Declared `state: absent` (a model): deleted because the inventory says so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
 }
 
 impl Removal {
@@ -209,11 +231,15 @@ impl Resource for Removal {
             Entry::File { path, .. } => Probe::Path { path: path.clone() },
             Entry::Service { unit } => Probe::Unit { name: unit.clone() },
             Entry::Model { path, .. } => Probe::FolderSize { path: path.clone() },
+            Entry::Container { vmid, .. } => Probe::PveContainer { vmid: *vmid },
         }]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let gone = Delta::new(Action::Delete).reason("no longer declared");
+        let gone = match self.absent {
+            true => Delta::new(Action::Delete),
+            false => Delta::new(Action::Delete).reason("no longer declared"),
+        };
         Ok(match &self.entry {
             Entry::File { sha256, .. } => match self.file_state(facts)? {
                 FileState::AsWritten => Some(
@@ -252,10 +278,14 @@ impl Resource for Removal {
                         Some(crate::hub::error::size(bytes)),
                         None,
                     ))
-                    .reason(format!("{repo}: deleted (--prune-models)")),
+                    .reason(match self.absent {
+                        true => format!("{repo}: deleted (`state: absent`)"),
+                        false => format!("{repo}: deleted (--prune-models)"),
+                    }),
                 ),
                 _ => None,
             },
+            Entry::Container { .. } => super::undeclared::diff(self, facts)?,
         })
     }
 
@@ -265,6 +295,7 @@ impl Resource for Removal {
                 Ok(Some(bytes)) => vec![kept_note(path, bytes)],
                 _ => Vec::new(),
             },
+            Entry::Container { .. } => super::undeclared::warnings(self, facts),
             Entry::File { path, .. } => match self.file_state(facts) {
                 Ok(FileState::Changed) => vec![format!(
                     "file {path} is no longer declared but changed since provision wrote it: kept"
@@ -275,7 +306,15 @@ impl Resource for Removal {
         }
     }
 
-    fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        if let Entry::Container { vmid, .. } = &self.entry {
+            // Stopped, then destroyed through the node's API (host bind mounts kept);
+            // apply refuses the plan without `--allow-destroy`.
+            return Ok(vec![Op::Api(crate::resources::op::ApiOp::Destroy {
+                address: change.address.clone(),
+                vmid: *vmid,
+            })]);
+        }
         guest(vec![Step::Remove(self.clone())])
     }
 }
@@ -376,6 +415,9 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
                 _ => {}
             }
         }
+        Entry::Container { vmid, .. } => {
+            return Err(format!("CT {vmid} is destroyed through its node's API").into());
+        }
     }
     Ok(())
 }
@@ -430,6 +472,7 @@ mod tests {
         let keep = Removal {
             entry: entry.clone(),
             prune: false,
+            absent: false,
         };
         let facts = Facts::Read(
             [(
@@ -444,7 +487,11 @@ mod tests {
             keep.warnings(&facts),
             ["model /m/a is no longer declared: kept; `--prune-models` deletes 3.0 GiB"]
         );
-        let prune = Removal { entry, prune: true };
+        let prune = Removal {
+            entry,
+            prune: true,
+            absent: false,
+        };
         let d = prune.diff(&facts).unwrap().unwrap();
         assert_eq!(d.action, Action::Delete);
         assert!(!prune.kept(&facts));

@@ -23,6 +23,7 @@ pub mod pip_packages;
 pub mod pve_lines;
 pub mod service;
 pub mod template;
+pub mod undeclared;
 pub mod uv;
 pub mod venv;
 pub mod wire;
@@ -252,6 +253,10 @@ impl ResourceSpec {
     pub fn target_kind(&self) -> TargetKind {
         match self {
             ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
+            // A container no longer declared is destroyed through its node's API.
+            ResourceSpec::Removed(r) if matches!(r.entry, managed::Entry::Container { .. }) => {
+                TargetKind::Container
+            }
             ResourceSpec::ModelStorage(_)
             | ResourceSpec::Template(_)
             | ResourceSpec::NvidiaHost(_) => TargetKind::Node,

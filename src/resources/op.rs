@@ -90,6 +90,14 @@ pub enum ApiOp {
         /// Reboot a running container (`restart: allowed` and its lines changed).
         reboot: bool,
     },
+    /// Stops and destroys a container provision created that is no longer declared
+    /// (`--allow-destroy`), once its marker is read again and still names its vmid.
+    Destroy {
+        /// The change's plan address, for messages.
+        address: String,
+        /// The container.
+        vmid: u64,
+    },
     /// Have the node download a container template (checksum verified by the node).
     Template {
         /// The change's plan address, for messages.
@@ -112,6 +120,9 @@ impl Op {
                 )
             }
             Op::Api(ApiOp::Start { vmid, .. }) => format!("start CT {vmid}"),
+            Op::Api(ApiOp::Destroy { vmid, .. }) => {
+                format!("stop and destroy CT {vmid} (host bind mounts kept)")
+            }
             Op::Node(NodeOp::Lines { address, .. }) => {
                 format!("apply {address} over node SSH (pct set / locked config edit)")
             }

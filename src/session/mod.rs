@@ -274,7 +274,8 @@ impl<'a, A: Api> Session<'a, A> {
                     container_specs(d.resources.iter().map(|r| &r.spec)),
                 )
                 .listed(self.listing(node)?)
-                .in_cluster(self.in_cluster(node)),
+                .in_cluster(self.in_cluster(node))
+                .owned_by(owner(self.loaded)),
             )),
             Target::Guest { name, .. } => {
                 // Only a listing actually read says the container is not there; it is
@@ -421,7 +422,8 @@ impl<'a> WriteSession<'a> {
                     self.api(node)?,
                     container_specs(t.changes.iter().map(|c| &c.spec)),
                 )
-                .in_cluster(self.in_cluster(node));
+                .in_cluster(self.in_cluster(node))
+                .owned_by(owner(self.loaded));
                 if t.changes.iter().any(|c| {
                     matches!(c.spec, ResourceSpec::Container(_))
                         && matches!(c.action, Action::Create | Action::Replace)
@@ -510,4 +512,13 @@ fn container_specs<'s>(specs: impl Iterator<Item = &'s ResourceSpec>) -> Vec<Con
             _ => None,
         })
         .collect()
+}
+
+/// The inventory file as containers' markers name it: its absolute path (a container
+/// another inventory created on the same node is not this one's to name or destroy).
+pub fn owner(loaded: &Loaded) -> String {
+    std::fs::canonicalize(&loaded.path)
+        .unwrap_or_else(|_| loaded.path.clone())
+        .display()
+        .to_string()
 }

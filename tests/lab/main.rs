@@ -27,4 +27,5 @@ mod remove;
 mod service;
 mod session;
 mod stream;
+mod undeclared;
 mod uv;

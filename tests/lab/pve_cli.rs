@@ -32,7 +32,7 @@ pub(crate) struct Ct {
     ip_host: u32,
     pub(crate) memory: &'static str,
     cores: u32,
-    mount: Option<PathBuf>,
+    pub(crate) mount: Option<PathBuf>,
     restart: &'static str,
     template: String,
     pub(crate) content: &'static str,
@@ -40,7 +40,7 @@ pub(crate) struct Ct {
     /// Authenticate with the API token instead of a root@pam ticket.
     token: bool,
     /// Pass a GPU through (the `gpu-passthrough` role).
-    gpu: bool,
+    pub(crate) gpu: bool,
     /// A create-only setting: changing it replaces the container.
     unprivileged: bool,
     /// The GPU's userspace from this installer (`url`, `sha256`).

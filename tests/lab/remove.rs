@@ -4,7 +4,8 @@
 //! stand-in from tests/support/sglang-standin, NOT SGLang): the old one is stopped, disabled
 //! and its unit removed before the new one's preflight looks at the port, and a reboot of
 //! the container brings up exactly the new one. A model folder no longer declared (fake hub):
-//! named with its size and kept, deleted only with `--prune-models`.
+//! named with its size and kept, deleted only with `--prune-models`; one declared
+//! `state: absent`, deleted with its size in the plan.
 
 use crate::{guestlab, hub_support};
 
@@ -213,6 +214,11 @@ fn two_model_hub(g: &Guest) -> FakeHub {
 }
 
 fn models_inventory(g: &Guest, hub: &FakeHub, names: &[&str]) {
+    models_inventory_with(g, hub, names, &[]);
+}
+
+/// The inventory of `names`, those in `absent` declared `state: absent`.
+fn models_inventory_with(g: &Guest, hub: &FakeHub, names: &[&str], absent: &[&str]) {
     let mut models = String::new();
     for n in names {
         models += &format!(
@@ -221,8 +227,12 @@ fn models_inventory(g: &Guest, hub: &FakeHub, names: &[&str]) {
             revision: main
             path: /shared/models/{n}
             endpoint: {endpoint}
-",
-            endpoint = hub.endpoint()
+{state}",
+            endpoint = hub.endpoint(),
+            state = match absent.contains(n) {
+                true => "            state: absent\n",
+                false => "",
+            }
         );
     }
     g.inventory(&format!(
@@ -272,6 +282,38 @@ fn a_model_no_longer_declared_is_named_and_kept_until_pruned() {
     );
     let (plan, _) = g.expect(&["plan"], 0);
     assert!(!plan.contains("models/two"), "{plan}");
+    g.expect(&["check"], 0);
+}
+
+#[test]
+fn a_model_declared_absent_is_deleted_with_its_size_in_the_plan() {
+    let shared = tempfile::tempdir().unwrap();
+    let g = Guest::with_shared("rm-absent", shared.path());
+    let hub = two_model_hub(&g);
+    models_inventory(&g, &hub, &["one", "two"]);
+    g.expect(&["apply", "--yes"], 0);
+    let two = shared.path().join("models/two");
+    hub_support::assert_identical(&hub_support::model("org/two"), &two);
+
+    // `state: absent` on `two`: a `-` change naming its size, no flag needed.
+    models_inventory_with(&g, &hub, &["one", "two"], &["two"]);
+    let size = provision::hub::error::size(file_bytes(&two));
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(plan.contains("- model /shared/models/two"), "{plan}");
+    assert!(
+        plan.contains(&size) && plan.contains("`state: absent`"),
+        "{plan}"
+    );
+    g.expect(&["check"], 2);
+    g.expect(&["apply", "--yes"], 0);
+    assert!(!two.exists(), "the absent model's folder is still there");
+    hub_support::assert_identical(
+        &hub_support::model("org/one"),
+        &shared.path().join("models/one"),
+    );
+    let (plan, _) = g.expect(&["plan"], 0);
+    assert!(!plan.contains("models/two"), "{plan}");
+    assert!(plan.contains("No changes"), "{plan}");
     g.expect(&["check"], 0);
 }
 

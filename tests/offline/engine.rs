@@ -252,7 +252,7 @@ fn a_saved_plan_whose_read_stamp_no_longer_matches_is_refused_before_anything_ru
         "inventory/llm-two.yaml",
         std::slice::from_ref(&d),
         false,
-        false,
+        &provision::engine::removal::Undeclared::default(),
         &Limits::serial(),
         &|_| {
             Ok(Box::new(World {

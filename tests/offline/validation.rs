@@ -643,3 +643,32 @@ fn dev_passthrough_needs_the_uvm_nodes_made_at_boot() {
         .replacen("method: dev", "method: lxc", 1);
     check(&lxc).unwrap();
 }
+
+#[test]
+fn a_served_model_declared_absent_and_an_unknown_state_are_refused_where_written() {
+    let served = "            path: /shared/models/Qwen3.5-122B-A10B\n";
+    let e = broken(served, &format!("{served}            state: absent\n"));
+    assert!(
+        e.contains(
+            "service `sglang-qwen` serves model `qwen3.5-122b`, which is declared `state: absent`"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(
+            "inventory/llm-two.yaml:{}:20",
+            line_of("model: qwen3.5-122b") + 1
+        )),
+        "{e}"
+    );
+    assert!(e.contains("remove the service first"), "{e}");
+    let e = broken(served, &format!("{served}            state: gone\n"));
+    assert!(
+        e.contains(&format!(
+            "inventory/llm-two.yaml:{}:20",
+            line_of("path: /shared/models/Qwen3.5-122B-A10B") + 1
+        )),
+        "{e}"
+    );
+    assert!(e.contains("present") && e.contains("absent"), "{e}");
+}

@@ -10,6 +10,7 @@ use std::time::Duration;
 use provision::access::{TargetReader, TargetWriter};
 use provision::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use provision::engine::reconcile::{apply, plan};
+use provision::engine::removal::Undeclared;
 use provision::engine::schedule::Limits;
 use provision::engine::{Desired, DesiredTarget};
 use provision::plan::{Action, Target};
@@ -106,9 +107,14 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     let want = desired(&root, "listen = 8080\n");
 
     // First contact: one call finds no agent, one pushes it and answers.
-    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
-        Ok(reader(&t, &agent_dir))
-    })
+    let p = plan(
+        "inv.yaml",
+        &want,
+        false,
+        &Undeclared::default(),
+        &Limits::default(),
+        &|_| Ok(reader(&t, &agent_dir)),
+    )
     .whole()
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 2);
@@ -118,9 +124,14 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Later reads: one round trip for all facts of the target.
     t.calls.store(0, Ordering::SeqCst);
-    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
-        Ok(reader(&t, &agent_dir))
-    })
+    let p = plan(
+        "inv.yaml",
+        &want,
+        false,
+        &Undeclared::default(),
+        &Limits::default(),
+        &|_| Ok(reader(&t, &agent_dir)),
+    )
     .whole()
     .unwrap();
     assert_eq!(t.calls.load(Ordering::SeqCst), 1);
@@ -151,9 +162,14 @@ fn push_once_probe_apply_verify_and_detect_drift() {
     );
 
     // Converged: nothing to do.
-    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
-        Ok(reader(&t, &agent_dir))
-    })
+    let p = plan(
+        "inv.yaml",
+        &want,
+        false,
+        &Undeclared::default(),
+        &Limits::default(),
+        &|_| Ok(reader(&t, &agent_dir)),
+    )
     .whole()
     .unwrap();
     assert!(!p.summary.has_changes(), "{p:#?}");
@@ -161,9 +177,14 @@ fn push_once_probe_apply_verify_and_detect_drift() {
 
     // Drift by hand: content and mode.
     std::fs::write(&conf, "listen = 9090\n").unwrap();
-    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
-        Ok(reader(&t, &agent_dir))
-    })
+    let p = plan(
+        "inv.yaml",
+        &want,
+        false,
+        &Undeclared::default(),
+        &Limits::default(),
+        &|_| Ok(reader(&t, &agent_dir)),
+    )
     .whole()
     .unwrap();
     let c = &p.targets[0].changes;
@@ -196,9 +217,14 @@ fn a_file_no_longer_declared_is_removed_unless_it_changed_since() {
     let t = Arc::new(Counting::default());
     let all = desired(&root, "listen = 8080\n");
     let run = |want: &[DesiredTarget]| {
-        let p = plan("inv.yaml", want, false, false, &Limits::default(), &|_| {
-            Ok(reader(&t, &agent_dir))
-        })
+        let p = plan(
+            "inv.yaml",
+            want,
+            false,
+            &Undeclared::default(),
+            &Limits::default(),
+            &|_| Ok(reader(&t, &agent_dir)),
+        )
         .whole()
         .unwrap();
         if p.summary.has_changes() {
@@ -253,9 +279,14 @@ fn a_failing_step_stops_the_run_and_says_why() {
         f.owner = "no-such-user-for-provision".into();
     }
     let agent_dir = tmp.path().join("agent");
-    let p = plan("inv.yaml", &want, false, false, &Limits::default(), &|_| {
-        Ok(reader(&t, &agent_dir))
-    })
+    let p = plan(
+        "inv.yaml",
+        &want,
+        false,
+        &Undeclared::default(),
+        &Limits::default(),
+        &|_| Ok(reader(&t, &agent_dir)),
+    )
     .whole()
     .unwrap();
     let err = apply(
@@ -349,7 +380,7 @@ fn two_versions_reading_one_target_keep_each_others_agent() {
             "inv.yaml",
             &want,
             false,
-            false,
+            &Undeclared::default(),
             &Limits::default(),
             &move |_| {
                 Ok(Box::new(

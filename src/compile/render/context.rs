@@ -128,9 +128,12 @@ pub fn container_context(
             })),
         })
     });
+    // A model declared `state: absent` is not the roles' to download (engine/desired.rs
+    // plans its deletion).
     let models: Vec<Value> = ct
         .models
         .iter()
+        .filter(|(_, m)| !m.absent())
         .map(|(name, m)| {
             let parent = m
                 .path

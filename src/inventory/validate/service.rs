@@ -156,6 +156,18 @@ impl Validator<'_> {
                         hint,
                     );
                 }
+                (Some(model), None)
+                    if ct.models.get(model.as_str()).is_some_and(|m| m.absent()) =>
+                {
+                    self.err(
+                        model.pos,
+                        format!(
+                            "service `{name}` serves model `{}`, which is declared `state: absent`",
+                            model.value
+                        ),
+                        "serve another model, or remove the service first: `state: absent` deletes the folder",
+                    );
+                }
                 (Some(model), Some(_)) => self.err(
                     model.pos,
                     format!("service `{name}` sets both `model` and `model_path`"),

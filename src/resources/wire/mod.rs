@@ -86,6 +86,9 @@ pub enum Probe {
         /// vmid.
         vmid: u64,
     },
+    /// The node's containers whose marker says provision created them at their vmid
+    /// (through the node's API): those no container of the inventory is are named.
+    PveCreated {},
     /// A container template in the node's storage (through the node's API).
     PveTemplate {
         /// `STORAGE:vztmpl/FILE`.
@@ -149,6 +152,8 @@ pub enum Fact {
     Readiness(Option<crate::health::process::ReadinessFact>),
     /// Answer to [`Probe::PveContainer`].
     PveContainer(Option<PveContainerFact>),
+    /// Answer to [`Probe::PveCreated`]: vmid to its config (always `Some` when read).
+    PveCreated(Option<BTreeMap<u64, PveContainerFact>>),
     /// Answer to [`Probe::PveTemplate`].
     PveTemplate(Option<TemplateFact>),
     /// Answer to [`Probe::ModelStorage`].
@@ -254,6 +259,10 @@ impl Facts {
         pve_container, PveContainer, PveContainerFact
     );
     accessor!(
+        /// The node's containers provision created.
+        pve_created, PveCreated, BTreeMap<u64, PveContainerFact>
+    );
+    accessor!(
         /// A template in the node's storage.
         pve_template, PveTemplate, TemplateFact
     );
@@ -334,7 +343,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
             Fact::FolderSize(super::managed::folder_size(Path::new(path))?)
         }
         Probe::Generation { stables } => Fact::Generation(Some(super::generation::read(stables)?)),
-        Probe::PveContainer { .. } | Probe::PveTemplate { .. } => {
+        Probe::PveContainer { .. } | Probe::PveTemplate { .. } | Probe::PveCreated {} => {
             return Err(AnswerError::NotAnAgentProbe);
         }
     })
@@ -612,6 +621,7 @@ impl Step {
                 super::managed::Entry::Service { unit } => format!("stop and disable {unit}"),
                 super::managed::Entry::File { path, .. } => format!("remove {path}"),
                 super::managed::Entry::Model { path, .. } => format!("delete model folder {path}"),
+                super::managed::Entry::Container { vmid, .. } => format!("destroy CT {vmid}"),
             },
             Step::SwitchGeneration { links } => format!(
                 "switch {} to generation {}",
