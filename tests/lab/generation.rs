@@ -115,6 +115,7 @@ impl Lab {
             trust_remote_code: true
             environment:
               SGLANG_STANDIN_LINE: \"0.5.10\"
+              STANDIN_GENERATION: \"{revision}\"   # the unit of each generation is its own
             restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
             readiness: {{ deadline: 60s, stall_timeout: 10s, poll_interval: 500ms }}
 ",
@@ -343,29 +344,89 @@ fn bench_switch_between_two_built_generations() {
     }
 }
 
+/// How a kill point is reached: a line the apply prints, or a hold inside the switch
+/// (`generations::target::HOLD_DIR`: the switch waits at that point while a file exists).
+enum At {
+    Line(&'static str),
+    Hold(&'static str),
+}
+
+impl Lab {
+    /// The generation the running server is on, as (the revision its unit names, the venv
+    /// it runs): the unit's `STANDIN_GENERATION` from the process's environment, and the
+    /// venv its interpreter's path names (a pinned unit names the folder, a unit as
+    /// declared names `/root/ml-env`, whose link nothing moves after a boot).
+    fn running_generation(&self) -> (String, String) {
+        let out = self.g.sh(
+            "pid=$(systemctl show -p MainPID --value sglang-qwen.service); \
+             tr '\\0' '\\n' < /proc/$pid/environ | sed -n 's/^STANDIN_GENERATION=//p'; \
+             exe=$(tr '\\0' '\\n' < /proc/$pid/cmdline | head -1); \
+             readlink -f \"$(dirname \"$(dirname \"$exe\")\")\"",
+        );
+        let mut lines = out.lines().map(str::to_string);
+        (
+            lines.next().unwrap_or_default(),
+            lines.next().unwrap_or_default(),
+        )
+    }
+
+    /// Asserts that the server serves, on one whole generation: the unit of `good` on
+    /// `good`'s venv, or `good2`'s on `good2`'s (`venvs` by revision).
+    fn serves_one_generation(&self, name: &str, when: &str, venvs: &[(&String, &String)]) {
+        assert!(self.wait_serving(), "{name}: nothing serves {when}");
+        let (unit_rev, venv) = self.running_generation();
+        let want = venvs
+            .iter()
+            .find(|(rev, _)| **rev == unit_rev)
+            .map(|(_, v)| v.as_str());
+        assert_eq!(
+            want,
+            Some(venv.as_str()),
+            "{name}: {when}, the unit of revision {unit_rev} runs on {venv}: not one generation"
+        );
+    }
+}
+
 /// kill -9 of provision and of its detached run on the target (as a crash of both would)
-/// at points of an upgrade's switch: during the new generation's build, at the switch,
-/// inside the health gate. After each, the stable paths name one complete generation that
-/// starts by hand, and the next apply converges (gated) with check 0.
+/// at every step of an upgrade's switch, the unit changing with it: during the new
+/// generation's build, as the switch starts, after its units are pinned, between its two
+/// link renames, after the links and after the units are written, and inside the health
+/// gate. After each, a restart by hand and then a reboot of the container bring the
+/// service up on one whole generation (old or new: its unit on its venv), and the next
+/// apply converges (gated) with check 0.
 #[test]
 fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
     let l = lab("gen-kill");
     let points = [
         (
             "pip install -e of the new generation",
-            "pip install -e /root/.provision-generations/",
+            At::Line("pip install -e /root/.provision-generations/"),
         ),
-        ("the switch", "switch /root/ml-env"),
+        ("the switch's start", At::Line("switch /root/ml-env")),
+        ("the units pinned", At::Hold("pinned")),
+        ("one link moved", At::Hold("one-link")),
+        ("both links moved", At::Hold("linked")),
+        ("the units written", At::Hold("written")),
         (
             "the health gate",
-            "deploy sglang-qwen.service and wait until it is ready",
+            At::Line("deploy sglang-qwen.service and wait until it is ready"),
         ),
     ];
-    let mut revs = [&l.good, &l.good2].into_iter().cycle();
-    l.inventory(revs.next().unwrap());
+    l.inventory(&l.good);
     l.g.expect(&["apply", "--yes"], 0);
-    for (name, line) in points {
+    let venv_good = l.venv_link();
+    l.inventory(&l.good2);
+    l.g.expect(&["apply", "--yes"], 0);
+    let venv_good2 = l.venv_link();
+    let venvs = [(&l.good, &venv_good), (&l.good2, &venv_good2)];
+    let mut revs = [&l.good, &l.good2].into_iter().cycle();
+    for (name, at) in points {
         l.inventory(revs.next().unwrap());
+        if let At::Hold(point) = at {
+            l.g.sh(&format!(
+                "mkdir -p /run/provision/hold-switch && touch /run/provision/hold-switch/{point}"
+            ));
+        }
         let err_path = l.g.dir.path().join("kill.err");
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
             .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
@@ -380,28 +441,31 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         let start = Instant::now();
         let mut seen = false;
         while start.elapsed() < Duration::from_secs(120) {
-            if std::fs::read_to_string(&err_path)
-                .unwrap_or_default()
-                .contains(line)
-            {
-                seen = true;
-                break;
-            }
-            if child.try_wait().unwrap().is_some() {
+            seen = match at {
+                At::Line(line) => std::fs::read_to_string(&err_path)
+                    .unwrap_or_default()
+                    .contains(line),
+                At::Hold(point) => {
+                    l.g.sh(&format!(
+                        "test -e /run/provision/hold-switch/{point}.reached && echo y || true"
+                    ))
+                    .contains('y')
+                }
+            };
+            if seen || child.try_wait().unwrap().is_some() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(
             seen,
-            "{name}: the apply never printed `{line}`:\n{}",
+            "{name}: the apply never reached it:\n{}",
             std::fs::read_to_string(&err_path).unwrap_or_default()
         );
         child.kill().unwrap();
         child.wait().unwrap();
-        l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; true");
-        // One complete generation: the stable paths are links to built folders, and it
-        // starts by hand.
+        l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; rm -rf /run/provision/hold-switch; true");
+        // The stable paths are links to built folders.
         let venv = l.venv_link();
         assert!(
             venv.starts_with("/root/.provision-generations/"),
@@ -410,11 +474,12 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         l.g.sh(&format!(
             "test -x {venv}/bin/python3 && test -f {venv}/pyvenv.cfg"
         ));
+        // A restart by hand (systemd's loaded unit) and a boot (the unit on disk) each
+        // start one whole generation.
         l.g.sh("systemctl reset-failed sglang-qwen.service; systemctl restart sglang-qwen.service");
-        assert!(
-            l.wait_serving(),
-            "{name}: what the stable paths name does not start"
-        );
+        l.serves_one_generation(name, "after a restart by hand", &venvs);
+        l.g.reboot();
+        l.serves_one_generation(name, "after a reboot", &venvs);
         // The next apply converges, and gates what it switched to.
         l.g.expect(&["apply", "--yes"], 0);
         l.g.expect(&["check"], 0);
