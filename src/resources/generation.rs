@@ -234,3 +234,73 @@ pub fn switch(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &str) -> Step {
+        Step::WriteFile {
+            path: path.into(),
+            content: "[Service]\n".into(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode: 0o644,
+        }
+    }
+
+    #[test]
+    fn the_unit_of_a_service_on_a_switched_generation_is_written_by_the_switch() {
+        let links = BTreeMap::from([(
+            "/root/ml-env".to_string(),
+            "/root/.provision-generations/ml-env-0123456789ab".to_string(),
+        )]);
+        let unit = "/etc/systemd/system/sglang-qwen.service";
+        let service: crate::resources::service::ServiceSpec =
+            serde_json::from_value(serde_json::json!({
+                "unit": "sglang-qwen.service",
+                "unit_path": unit,
+                "exec_start": ["/root/ml-env/bin/python3"],
+                "environment": [],
+                "working_directory": "/root",
+                "preflight": {
+                    "venv": links["/root/ml-env"],
+                    "links": links,
+                    "model_path": "/shared/models/x",
+                    "tp": 1,
+                    "timeout_ms": 1000,
+                },
+            }))
+            .unwrap();
+        let deploy = Step::DeployService(Box::new(crate::resources::service::deploy::Deploy {
+            service,
+            restart: true,
+            wait_first: false,
+            rollback: true,
+        }));
+        let steps = vec![
+            write(unit),
+            write("/etc/other.conf"),
+            Step::SwitchGeneration {
+                links: links.clone(),
+                units: Vec::new(),
+            },
+            deploy.clone(),
+        ];
+        let out = switch_last(steps);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0], write("/etc/other.conf"));
+        match &out[1] {
+            Step::SwitchGeneration { links: l, units } => {
+                assert_eq!(l, &links);
+                assert_eq!(units.len(), 1);
+                assert_eq!(units[0].path, unit);
+            }
+            other => panic!("the switch is not second: {other:?}"),
+        }
+        assert_eq!(out[2], deploy);
+        // Without a switch, the unit is written where it was.
+        let plain = switch_last(vec![write(unit), deploy.clone()]);
+        assert_eq!(plain, vec![write(unit), deploy]);
+    }
+}

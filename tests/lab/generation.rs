@@ -90,6 +90,12 @@ fn lab(name: &str) -> Lab {
 impl Lab {
     /// The inventory with SGLang at `revision`.
     fn inventory(&self, revision: &str) {
+        self.inventory_with(revision, "")
+    }
+
+    /// The inventory with SGLang at `revision` and `packages` (a YAML list's items, or
+    /// nothing) in the ml-env.
+    fn inventory_with(&self, revision: &str, packages: &str) {
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
         roles: [ml-env, sglang]
@@ -97,6 +103,7 @@ impl Lab {
           path: /root/ml-env
           python: \"3.11\"
           runtime_packages: []           # the lab mirror serves no compiler
+          packages: [{packages}]
           index: {{ wheelhouse: /opt/wheels }}
           sglang:
             repo: {mirror}/git/sglang.git
@@ -207,6 +214,63 @@ fn an_upgrade_that_dies_at_import_brings_the_whole_old_generation_back() {
     );
     let (history, _) = l.g.expect(&["history"], 0);
     assert!(history.contains("gate FAILED"), "{history}");
+    // Still drift at the next check, and gone once a later apply succeeds.
+    l.g.expect(&["check"], 2);
+    l.inventory(&l.good2);
+    l.g.expect(&["apply", "--yes"], 0);
+    l.g.expect(&["check"], 0);
+}
+
+/// A build that fails (a package the wheelhouse does not have) leaves what runs untouched
+/// and restartable, `check` 2, its half-built folder named by `history`; the next switch
+/// names it in `plan` and prunes it.
+#[test]
+fn a_failed_build_leaves_what_runs_and_the_next_switch_prunes_its_folder() {
+    let l = lab("gen-failbuild");
+    l.inventory(&l.good);
+    l.g.expect(&["apply", "--yes"], 0);
+    let first = l.venv_link();
+    l.inventory_with(&l.good, "\"no-such-package==1.0\"");
+    let (out, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        format!("{out}{err}").contains("no-such-package"),
+        "the failure is named: {out}\n{err}"
+    );
+    assert_eq!(l.venv_link(), first, "what runs was not switched");
+    assert!(l.serving());
+    l.g.sh("systemctl restart sglang-qwen.service");
+    assert!(l.wait_serving(), "what runs does not restart by hand");
+    l.g.expect(&["check"], 2);
+    let half =
+        l.g.sh(&format!(
+            "ls -d /root/.provision-generations/ml-env-* | grep -v -x -F '{first}' || true"
+        ))
+        .trim()
+        .to_string();
+    assert!(
+        half.starts_with("/root/.provision-generations/ml-env-"),
+        "{half}"
+    );
+    let (history, _) = l.g.expect(&["history"], 0);
+    let short = half.rsplit('/').next().unwrap();
+    assert!(
+        history.contains("built, never switched to") && history.contains(short),
+        "{history}"
+    );
+    // The next switch names it and prunes it; what runs before it stays (the previous).
+    l.inventory(&l.good2);
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    assert!(
+        plan.contains("the switch prunes") && plan.contains(short),
+        "{plan}"
+    );
+    let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(
+        err.contains(&format!("pruned {half} (built, never switched to)")),
+        "{out}\n{err}"
+    );
+    l.g.sh(&format!("test ! -e {half} && test -d {first}"));
+    l.g.expect(&["check"], 0);
 }
 
 #[test]
@@ -245,9 +309,13 @@ fn a_passing_upgrade_keeps_the_old_generation_and_rollback_returns_to_it() {
         history.lines().any(|l| l.starts_with("  *   1")),
         "generation 1 is current: {history}"
     );
-    // The inventory still declares the second: drift, and apply goes forward again
-    // without building anything.
+    // The inventory still declares the second: drift. Declaring the first again, what
+    // runs is in place: check 0.
     l.g.expect(&["check"], 2);
+    l.inventory(&l.good);
+    l.g.expect(&["check"], 0);
+    // Apply goes forward again without building anything.
+    l.inventory(&l.good2);
     let (out, err) = l.g.expect(&["apply", "--yes"], 0);
     assert!(
         !err.contains("pip install"),
@@ -370,14 +438,14 @@ impl Lab {
         )
     }
 
-    /// Asserts that the server serves, on one whole generation: the unit of `good` on
-    /// `good`'s venv, or `good2`'s on `good2`'s (`venvs` by revision).
-    fn serves_one_generation(&self, name: &str, when: &str, venvs: &[(&String, &String)]) {
+    /// Asserts that the server serves, on one whole generation: the unit of a revision on
+    /// that revision's venv (`venvs`: revision -> venv, of the generations switched to).
+    fn serves_one_generation(&self, name: &str, when: &str, venvs: &[(String, String)]) {
         assert!(self.wait_serving(), "{name}: nothing serves {when}");
         let (unit_rev, venv) = self.running_generation();
         let want = venvs
             .iter()
-            .find(|(rev, _)| **rev == unit_rev)
+            .find(|(rev, _)| *rev == unit_rev)
             .map(|(_, v)| v.as_str());
         assert_eq!(
             want,
@@ -414,14 +482,13 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
     ];
     l.inventory(&l.good);
     l.g.expect(&["apply", "--yes"], 0);
-    let venv_good = l.venv_link();
-    l.inventory(&l.good2);
-    l.g.expect(&["apply", "--yes"], 0);
-    let venv_good2 = l.venv_link();
-    let venvs = [(&l.good, &venv_good), (&l.good2, &venv_good2)];
-    let mut revs = [&l.good, &l.good2].into_iter().cycle();
+    // Revision -> its venv, once an apply has switched to it: the generations that may run.
+    let mut venvs = vec![(l.good.clone(), l.venv_link())];
+    // good2 first: the first point kills its build.
+    let mut revs = [&l.good2, &l.good].into_iter().cycle();
     for (name, at) in points {
-        l.inventory(revs.next().unwrap());
+        let rev = revs.next().unwrap();
+        l.inventory(rev);
         if let At::Hold(point) = at {
             l.g.sh(&format!(
                 "mkdir -p /run/provision/hold-switch && touch /run/provision/hold-switch/{point}"
@@ -482,6 +549,9 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         l.serves_one_generation(name, "after a reboot", &venvs);
         // The next apply converges, and gates what it switched to.
         l.g.expect(&["apply", "--yes"], 0);
+        if !venvs.iter().any(|(r, _)| r == rev) {
+            venvs.push((rev.clone(), l.venv_link()));
+        }
         l.g.expect(&["check"], 0);
         assert!(l.serving(), "{name}");
         let (history, _) = l.g.expect(&["history"], 0);
