@@ -73,12 +73,7 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
             .reader(&d)
             .map_err(from_session)?
             .read(std::slice::from_ref(&probe))?;
-        let fact = facts.generation(&probe)?.cloned().unwrap_or_else(|| {
-            crate::resources::generation::GenerationFact {
-                states: Default::default(),
-                record: Default::default(),
-            }
-        });
+        let fact = facts.generation(&probe)?.cloned().unwrap_or_default();
         let now = fact
             .states
             .iter()
@@ -92,6 +87,10 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
             printer.result("  no generations recorded yet (an apply records them)\n");
         }
         for line in history_lines(&fact.record, &now) {
+            printer.result(&format!("  {line}\n"));
+        }
+        for line in crate::generations::record::unswitched_lines(&fact.record, &now, &fact.folders)
+        {
             printer.result(&format!("  {line}\n"));
         }
     }

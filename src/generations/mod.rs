@@ -92,6 +92,64 @@ pub fn short(dir: &str) -> &str {
     dir.rsplit('/').next().unwrap_or(dir)
 }
 
+/// A unit file a switch writes: the unit a generation runs is that generation's, so it is
+/// written by the switch itself ([`target::switch`]), not before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitFile {
+    /// Absolute path (`/etc/systemd/system/NAME.service`).
+    pub path: String,
+    /// The unit as the inventory declares it (naming the stable paths).
+    pub content: String,
+    /// Owner name.
+    pub owner: String,
+    /// Group name.
+    pub group: String,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+/// What a pinned unit says first, so a person reading it knows why it names folders.
+pub const PINNED_MARK: &str = "# provision: pinned to its generation's folders while a switch runs (the next apply rewrites it)\n";
+
+/// `unit` with every stable path of `links` replaced by the folder it is to point at, so
+/// the unit names one generation by itself, whatever the stable paths point at: what is on
+/// disk while a switch moves the links. A built generation's venv names its own folders,
+/// so a pinned unit of one starts exactly that generation.
+pub fn pin(unit: &str, links: &BTreeMap<String, String>) -> String {
+    let mut out = String::from(PINNED_MARK);
+    for line in unit.lines().filter(|l| *l != PINNED_MARK.trim_end()) {
+        let mut line = line.to_string();
+        // Longest first: `/root/ml-env` must not eat `/root/ml-env2`'s prefix either way.
+        let mut stables: Vec<(&String, &String)> = links.iter().collect();
+        stables.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+        for (stable, dir) in stables {
+            line = replace_path(&line, stable.trim_end_matches('/'), dir);
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `text` with the path `from` replaced by `to` where it is a whole path or a path's
+/// leading folders (`/root/ml-env`, `/root/ml-env/bin/python3`), not part of a longer name.
+fn replace_path(text: &str, from: &str, to: &str) -> String {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/');
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(from) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + from.len()..].chars().next();
+        let whole =
+            before.is_none_or(|c| !is_name(c)) && after.is_none_or(|c| c == '/' || !is_name(c));
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { to } else { from });
+        rest = &rest[at + from.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn digest(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -107,6 +165,32 @@ mod tests {
 
     fn env(yaml: &str) -> MlEnv {
         crate::inventory::load::parse_yaml(std::path::Path::new("t.yaml"), yaml).unwrap()
+    }
+
+    #[test]
+    fn a_pinned_unit_names_the_generation_folders_and_nothing_else() {
+        let links = BTreeMap::from([
+            ("/root/ml-env".to_string(), "/root/.g/ml-env-b".to_string()),
+            (
+                "/root/sglang-main".to_string(),
+                "/root/.g/sglang-main-b".to_string(),
+            ),
+        ]);
+        let unit = "[Service]\nExecStart=/root/ml-env/bin/python3 -m sglang.launch_server --model-path /root/ml-env2/x\nWorkingDirectory=/root/sglang-main\nEnvironment=\"PATH=/root/ml-env/bin:/usr/bin\" /root/ml-envx=1\n";
+        let pinned = pin(unit, &links);
+        assert!(pinned.starts_with(PINNED_MARK), "{pinned}");
+        assert!(
+            pinned.contains("ExecStart=/root/.g/ml-env-b/bin/python3 -m sglang.launch_server --model-path /root/ml-env2/x\n"),
+            "{pinned}"
+        );
+        assert!(
+            pinned.contains("WorkingDirectory=/root/.g/sglang-main-b\n"),
+            "{pinned}"
+        );
+        assert!(
+            pinned.contains("PATH=/root/.g/ml-env-b/bin:/usr/bin\" /root/ml-envx=1"),
+            "{pinned}"
+        );
     }
 
     #[test]

@@ -102,6 +102,35 @@ impl Record {
         self.generations.last_mut().expect("just pushed")
     }
 
+    /// The folders a switch to `current` deletes: those [`Record::prune`] drops, and those
+    /// of `folders` (what the generations folders hold) that are generations of a stable
+    /// path of `current` no kept generation names: built but never switched to (an apply
+    /// killed or failed before its switch). An adopted folder outside the record is never
+    /// one of them (the seeds' venv is only ever moved).
+    pub fn prune_with(
+        &mut self,
+        current: &BTreeMap<String, String>,
+        keep: usize,
+        folders: &[String],
+    ) -> Vec<String> {
+        let mut gone = self.prune(current, keep);
+        let needed: std::collections::BTreeSet<&String> = self
+            .generations
+            .iter()
+            .flat_map(|g| g.links.values())
+            .chain(current.values())
+            .collect();
+        let unswitched: Vec<String> = folders
+            .iter()
+            .filter(|f| !needed.contains(f) && current.keys().any(|s| built_for(f, s)))
+            .cloned()
+            .collect();
+        gone.extend(unswitched);
+        gone.sort();
+        gone.dedup();
+        gone
+    }
+
     /// The folders no longer needed: those of generations other than what runs now
     /// (`current` links) and the newest good ones before it, `keep` in all; the
     /// generations dropped from the record with them. A folder still named by a kept
@@ -139,6 +168,14 @@ impl Record {
             .retain(|g| keep_numbers.contains(&g.number));
         drop
     }
+}
+
+/// Whether `dir` is a built generation of `stable` (`<its folder>/ml-env-<12 hex digits>`
+/// for `/root/ml-env`), not an adopted one, nor one of another stable path.
+pub fn built_for(dir: &str, stable: &str) -> bool {
+    let prefix = super::generation_dir(stable, "");
+    dir.strip_prefix(&prefix)
+        .is_some_and(|id| id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// What differs from `before` to (`links`, `units`), in words.
@@ -197,6 +234,31 @@ pub fn history_lines(record: &Record, now: &BTreeMap<String, String>) -> Vec<Str
     out
 }
 
+/// `provision history`'s lines for the folders built but never switched to (not in the
+/// record), which the next switch prunes.
+pub fn unswitched_lines(
+    record: &Record,
+    now: &BTreeMap<String, String>,
+    folders: &[String],
+) -> Vec<String> {
+    let named: std::collections::BTreeSet<&String> = record
+        .generations
+        .iter()
+        .flat_map(|g| g.links.values())
+        .chain(now.values())
+        .collect();
+    folders
+        .iter()
+        .filter(|f| !named.contains(f) && now.keys().any(|s| built_for(f, s)))
+        .map(|d| {
+            format!(
+                "  -       built, never switched to (the next switch prunes it): {}",
+                super::short(d)
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +308,22 @@ mod tests {
         );
         let left: Vec<u64> = r.generations.iter().map(|g| g.number).collect();
         assert_eq!(left, vec![4, 5]);
+        // A folder built but never switched to goes with them; an adopted one, another
+        // stable path's, or what runs do not.
+        let mut r2 = r.clone();
+        let built = |d: &str| format!("/root/.provision-generations/ml-env-{d}");
+        let cur = BTreeMap::from([("/root/ml-env".to_string(), built("eeeeeeeeeeee"))]);
+        r2.generations[1].links = cur.clone();
+        let folders = [
+            built("eeeeeeeeeeee"),
+            built("0123456789ab"),
+            "/root/.provision-generations/ml-env-adopted-20261201T000000Z".to_string(),
+            "/root/.provision-generations/ml-env-b-0123456789ab".to_string(),
+        ];
+        assert_eq!(
+            r2.prune_with(&cur, 2, &folders),
+            vec![built("0123456789ab")]
+        );
         let lines = history_lines(&r, &links("e"));
         assert!(lines.iter().any(|l| l.starts_with("*   5")), "{lines:?}");
     }

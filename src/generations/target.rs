@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::record::{Gate, Generation, Record};
-use super::{GENERATIONS_DIR, KEEP, RECORD};
+use super::{GENERATIONS_DIR, KEEP, RECORD, UnitFile};
 use crate::machine::{HostError, write_file_atomic};
 
 /// What is at a stable path.
@@ -177,10 +177,128 @@ fn finish_adoptions(record: &Record) -> Result<(), HostError> {
     Ok(())
 }
 
+/// Whether a generation with these folders names only its own folders (a built one), so a
+/// unit pinned to them starts it whatever the stable paths say; an adopted venv names the
+/// stable paths and is whole only through them.
+fn self_contained(links: &BTreeMap<String, String>) -> bool {
+    !links.is_empty() && links.values().all(|d| !adopted(d))
+}
+
+fn write_unit(u: &UnitFile, content: &str) -> Result<(), HostError> {
+    write_file_atomic(
+        Path::new(&u.path),
+        content.as_bytes(),
+        &u.owner,
+        &u.group,
+        u.mode,
+    )
+}
+
+/// `systemctl daemon-reload`, so a restart by hand loads what is on disk now.
+fn daemon_reload() -> Result<(), HostError> {
+    let out = std::process::Command::new("systemctl")
+        .arg("daemon-reload")
+        .output()
+        .map_err(HostError::io(
+            "run systemctl daemon-reload",
+            Path::new("systemctl"),
+        ))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(HostError::Unexpected {
+            what: "systemctl daemon-reload".into(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Where a test holds a switch at one of its points (see [`hold`]); `/run` is emptied at a
+/// boot, so a hold never outlives the boot it was made in.
+pub const HOLD_DIR: &str = "/run/provision/hold-switch";
+
+/// A test's hold on a switch at `point` (`pinned`, `one-link`, `linked`, `written`): while
+/// `HOLD_DIR/<point>` exists, the switch says so in `HOLD_DIR/<point>.reached` and waits
+/// there until it is killed or the file is removed. The lab's kill -9 test uses it to kill
+/// at each step of a switch; without the file it costs one `stat`.
+fn hold(point: &str) {
+    let file = Path::new(HOLD_DIR).join(point);
+    if !file.exists() {
+        return;
+    }
+    let _ = fs::write(Path::new(HOLD_DIR).join(format!("{point}.reached")), b"");
+    while file.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Moves the stable paths from `before` to `links` with `units` (the arriving generation's
+/// unit files) written as part of it, so that at every point on disk, and in what systemd
+/// has loaded, each unit starts one whole generation (a reboot or a `systemctl restart` by
+/// hand between any two steps included):
+/// 1. each unit is written pinned ([`super::pin`]) to the folders of a generation that is
+///    whole by itself — the arriving one when it was built, else (going back to an adopted
+///    folder) the leaving one — and systemd reloads it;
+/// 2. the links are switched, one rename each (a pinned unit does not read them);
+/// 3. each unit is written as declared (naming the stable paths, now the arriving's).
+///
+/// Each write is atomic and read back. What was done, in words.
+fn move_links(
+    before: &BTreeMap<String, String>,
+    links: &BTreeMap<String, String>,
+    units: &[UnitFile],
+    adopt: &BTreeMap<String, String>,
+) -> Result<Vec<String>, HostError> {
+    let mut notes = Vec::new();
+    if !units.is_empty() {
+        let mut pinned = false;
+        for u in units {
+            let content = if self_contained(links) {
+                Some(super::pin(&u.content, links))
+            } else if self_contained(before) {
+                fs::read_to_string(&u.path)
+                    .ok()
+                    .map(|c| super::pin(&c, before))
+            } else {
+                None
+            };
+            if let Some(c) = content {
+                write_unit(u, &c)?;
+                pinned = true;
+            }
+        }
+        if pinned {
+            daemon_reload()?;
+        }
+        hold("pinned");
+    }
+    for (stable, dir) in order(links) {
+        if before.get(stable) == Some(dir) {
+            continue;
+        }
+        if !notes.is_empty() {
+            hold("one-link");
+        }
+        point(stable, dir, adopt.get(stable).map(String::as_str))?;
+        notes.push(format!("{stable} -> {dir}"));
+    }
+    hold("linked");
+    for u in units {
+        write_unit(u, &u.content)?;
+        notes.push(format!("{} written with the switch", u.path));
+    }
+    hold("written");
+    Ok(notes)
+}
+
 /// Makes `links` current: adopts real folders found at stable paths (recorded first),
 /// switches every link, records the new generation as not gated yet, and prunes. What
 /// was done, in words.
-pub fn switch(links: &BTreeMap<String, String>, at: String) -> Result<Vec<String>, HostError> {
+pub fn switch(
+    links: &BTreeMap<String, String>,
+    units: &[UnitFile],
+    at: String,
+) -> Result<Vec<String>, HostError> {
     let mut record = load()?;
     finish_adoptions(&record)?;
     for dir in links.values() {
@@ -215,25 +333,22 @@ pub fn switch(links: &BTreeMap<String, String>, at: String) -> Result<Vec<String
         }
     }
     if &before == links {
+        // Nothing to move: each unit is one atomic write.
+        for u in units {
+            write_unit(u, &u.content)?;
+        }
         return Ok(notes);
     }
     if !adopt.is_empty() {
-        // Recorded before anything moves: an apply killed mid-way finds where it goes.
         record.push(at.clone(), before.clone(), BTreeMap::new(), Gate::Adopted);
-        save(&record)?;
         for (stable, to) in &adopt {
             notes.push(format!("{stable} (a real folder) adopted as {to}"));
         }
     }
-    for (stable, dir) in order(links) {
-        if before.get(stable) == Some(dir) {
-            continue;
-        }
-        point(stable, dir, adopt.get(stable).map(String::as_str))?;
-        notes.push(format!("{stable} -> {dir}"));
-    }
-    // A generation already in the record (a rollback's target, a re-switch) is not a new
-    // one; it is gated again.
+    // Recorded, not gated, before anything moves: an apply killed at any point of the
+    // switch leaves it pending, so the next apply switches (or finishes switching) to it
+    // and gates it. A generation already in the record (a rollback's target, a re-switch)
+    // is not a new one; it is gated again.
     match record
         .generations
         .iter_mut()
@@ -247,25 +362,83 @@ pub fn switch(links: &BTreeMap<String, String>, at: String) -> Result<Vec<String
         }
     }
     save(&record)?;
+    notes.extend(move_links(&before, links, units, &adopt)?);
     notes.extend(prune(&mut record, links)?);
     Ok(notes)
 }
 
-/// Deletes the folders of generations no longer kept ([`KEEP`]), never one outside a
-/// generations folder. What was deleted, in words.
+/// What the generations folders beside `stables` hold (folders only, full paths).
+pub fn folders(stables: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = stables
+        .iter()
+        .map(|s| super::generation_dir(s, ""))
+        .filter_map(|d| Path::new(&d).parent().map(Path::to_path_buf))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|d| fs::read_dir(d).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path().display().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Whether a process runs from `dir`: its working folder, its program or a file it maps
+/// is inside it, or its command line names it (a pinned unit's). A folder a process uses
+/// is never pruned, whatever the record says.
+fn in_use(dir: &str) -> bool {
+    let inside = |p: &str| p == dir || p.starts_with(&format!("{dir}/"));
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let pid = p.path();
+        ["cwd", "exe"]
+            .iter()
+            .any(|l| fs::read_link(pid.join(l)).is_ok_and(|t| inside(&t.display().to_string())))
+            || fs::read(pid.join("cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .any(|a| inside(&String::from_utf8_lossy(a)))
+            })
+            || fs::read_to_string(pid.join("maps")).is_ok_and(|m| {
+                m.lines()
+                    .any(|l| l.split_whitespace().nth(5).is_some_and(inside))
+            })
+    })
+}
+
+/// Deletes the folders of generations no longer kept ([`KEEP`]) and of generations built
+/// but never switched to, never one outside a generations folder nor one a process runs
+/// from. What was deleted, in words.
 pub fn prune(
     record: &mut Record,
     current: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, HostError> {
-    let gone = record.prune(current, KEEP);
+    let stables: Vec<String> = current.keys().cloned().collect();
+    let recorded: std::collections::BTreeSet<String> = record
+        .generations
+        .iter()
+        .flat_map(|g| g.links.values().cloned())
+        .collect();
+    let gone = record.prune_with(current, KEEP, &folders(&stables));
     save(record)?;
     let mut notes = Vec::new();
     for dir in gone {
         if !dir.contains(&format!("/{GENERATIONS_DIR}/")) || !Path::new(&dir).exists() {
             continue;
         }
+        if in_use(&dir) {
+            notes.push(format!("kept {dir}: a process runs from it"));
+            continue;
+        }
         fs::remove_dir_all(&dir).map_err(io("remove the old generation", &dir))?;
-        notes.push(format!("pruned {dir}"));
+        let why = if recorded.contains(&dir) {
+            "an older generation"
+        } else {
+            "built, never switched to"
+        };
+        notes.push(format!("pruned {dir} ({why})"));
     }
     Ok(notes)
 }
@@ -308,21 +481,22 @@ pub fn previous_good(unit: &str, unit_file: &str) -> Result<Option<Generation>, 
     Ok(record.previous_good(&now, unit, unit_file).cloned())
 }
 
-/// Points the stable paths back at `g`'s folders (no record entry: the gate that follows
-/// records it).
-pub fn restore(g: &Generation) -> Result<(), HostError> {
-    for (stable, dir) in order(&g.links) {
+/// Points the stable paths back at `g`'s folders with its unit files written as part of it
+/// (as a switch does; no record entry: the gate that follows records it).
+pub fn restore(g: &Generation, units: &[UnitFile]) -> Result<(), HostError> {
+    let mut before = BTreeMap::new();
+    for (stable, dir) in &g.links {
         if !Path::new(dir).is_dir() {
             return Err(HostError::Unexpected {
                 what: dir.clone(),
                 detail: "the generation to go back to is no longer there".into(),
             });
         }
-        if state(stable) != LinkState::Link(dir.clone()) {
-            point(stable, dir, None)?;
+        if let LinkState::Link(t) = state(stable) {
+            before.insert(stable.clone(), t);
         }
     }
-    Ok(())
+    move_links(&before, &g.links, units, &BTreeMap::new()).map(|_| ())
 }
 
 /// Marks the newest generation with `links` with a note (what a rollback did).

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::{Facts, NotRead, Probe, Step};
 use super::{Delta, Resource, StepsError};
+use crate::generations::UnitFile;
 use crate::generations::record::Gate;
 use crate::generations::target::LinkState;
 use crate::plan::{Action, Attribute, Change};
@@ -26,13 +27,17 @@ pub struct GenerationSpec {
 }
 
 /// What the stable paths are, and the record's word on the generation they point at.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GenerationFact {
     /// Stable path -> what is there.
     pub states: BTreeMap<String, LinkState>,
     /// The generations record (kept small by pruning): what `provision history` shows.
     #[serde(default)]
     pub record: crate::generations::record::Record,
+    /// What the generations folders beside the stable paths hold: a switch prunes those
+    /// no kept generation names.
+    #[serde(default)]
+    pub folders: Vec<String>,
 }
 
 /// Reads what `stables` are on this machine.
@@ -42,7 +47,12 @@ pub fn read(stables: &[String]) -> Result<GenerationFact, crate::machine::HostEr
         .map(|s| (s.clone(), crate::generations::target::state(s)))
         .collect();
     let record = crate::generations::target::load()?;
-    Ok(GenerationFact { states, record })
+    let folders = crate::generations::target::folders(stables);
+    Ok(GenerationFact {
+        states,
+        record,
+        folders,
+    })
 }
 
 impl GenerationSpec {
@@ -128,6 +138,20 @@ impl Resource for GenerationSpec {
         if fact.is_none_or(|f| f.states.values().all(|s| *s == LinkState::Missing)) {
             delta.action = Action::Create;
         }
+        // What the switch prunes, named before it runs.
+        if let Some(f) = fact {
+            let gone =
+                f.record
+                    .clone()
+                    .prune_with(&self.links, crate::generations::KEEP, &f.folders);
+            if !gone.is_empty() {
+                let names: Vec<&str> = gone.iter().map(|d| crate::generations::short(d)).collect();
+                delta = delta.reason(format!(
+                    "the switch prunes {} (keeping what runs and the previous good generation)",
+                    names.join(", ")
+                ));
+            }
+        }
         Ok(Some(delta.reason(
             "built beside what runs; switched to right before the service's restart",
         )))
@@ -136,29 +160,148 @@ impl Resource for GenerationSpec {
     fn ops(&self, _change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         guest(vec![Step::SwitchGeneration {
             links: self.links.clone(),
+            units: Vec::new(),
         }])
     }
 }
 
 /// `steps` with every generation switch moved to right before the first service deploy
 /// (or to the end): after every build, the import check, the model download and the
-/// preflight, so what fails there leaves what runs untouched.
+/// preflight, so what fails there leaves what runs untouched. The unit file of a service
+/// deployed on a switched generation is written by the switch itself (the unit a
+/// generation runs is that generation's), not before it.
 pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
-    let (switches, mut rest): (Vec<Step>, Vec<Step>) = steps
+    let (mut switches, rest): (Vec<Step>, Vec<Step>) = steps
         .into_iter()
         .partition(|s| matches!(s, Step::SwitchGeneration { .. }));
-    let at = rest
+    // Unit file -> the generation its service runs on (the links its preflight names).
+    let runs_on: BTreeMap<String, BTreeMap<String, String>> = rest
+        .iter()
+        .filter_map(|s| match s {
+            Step::DeployService(d) => d
+                .service
+                .preflight
+                .as_ref()
+                .map(|p| (d.service.unit_path.clone(), p.links.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut kept = Vec::with_capacity(rest.len());
+    for step in rest {
+        let unit = match &step {
+            Step::WriteFile {
+                path,
+                content,
+                owner,
+                group,
+                mode,
+            } => runs_on.get(path).and_then(|links| {
+                switches.iter_mut().find_map(|s| match s {
+                    Step::SwitchGeneration { links: l, units } if l == links => Some((
+                        units,
+                        UnitFile {
+                            path: path.clone(),
+                            content: content.clone(),
+                            owner: owner.clone(),
+                            group: group.clone(),
+                            mode: *mode,
+                        },
+                    )),
+                    _ => None,
+                })
+            }),
+            _ => None,
+        };
+        match unit {
+            Some((units, u)) => units.push(u),
+            None => kept.push(step),
+        }
+    }
+    let at = kept
         .iter()
         .position(|s| matches!(s, Step::DeployService(_)))
-        .unwrap_or(rest.len());
-    rest.splice(at..at, switches);
-    rest
+        .unwrap_or(kept.len());
+    kept.splice(at..at, switches);
+    kept
 }
 
 /// Runs [`Step::SwitchGeneration`] on the target.
-pub fn switch(links: &BTreeMap<String, String>) -> Result<(), crate::machine::HostError> {
-    for note in crate::generations::target::switch(links, crate::machine::utc_now())? {
+pub fn switch(
+    links: &BTreeMap<String, String>,
+    units: &[UnitFile],
+) -> Result<(), crate::machine::HostError> {
+    for note in crate::generations::target::switch(links, units, crate::machine::utc_now())? {
         crate::progress::line(&note);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &str) -> Step {
+        Step::WriteFile {
+            path: path.into(),
+            content: "[Service]\n".into(),
+            owner: "root".into(),
+            group: "root".into(),
+            mode: 0o644,
+        }
+    }
+
+    #[test]
+    fn the_unit_of_a_service_on_a_switched_generation_is_written_by_the_switch() {
+        let links = BTreeMap::from([(
+            "/root/ml-env".to_string(),
+            "/root/.provision-generations/ml-env-0123456789ab".to_string(),
+        )]);
+        let unit = "/etc/systemd/system/sglang-qwen.service";
+        let service: crate::resources::service::ServiceSpec =
+            serde_json::from_value(serde_json::json!({
+                "unit": "sglang-qwen.service",
+                "unit_path": unit,
+                "exec_start": ["/root/ml-env/bin/python3"],
+                "environment": [],
+                "working_directory": "/root",
+                "preflight": {
+                    "venv": links["/root/ml-env"],
+                    "links": links,
+                    "model_path": "/shared/models/x",
+                    "tp": 1,
+                    "timeout_ms": 1000,
+                },
+            }))
+            .unwrap();
+        let deploy = Step::DeployService(Box::new(crate::resources::service::deploy::Deploy {
+            service,
+            restart: true,
+            wait_first: false,
+            rollback: true,
+        }));
+        let steps = vec![
+            write(unit),
+            write("/etc/other.conf"),
+            Step::SwitchGeneration {
+                links: links.clone(),
+                units: Vec::new(),
+            },
+            deploy.clone(),
+        ];
+        let out = switch_last(steps);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0], write("/etc/other.conf"));
+        match &out[1] {
+            Step::SwitchGeneration { links: l, units } => {
+                assert_eq!(l, &links);
+                assert_eq!(units.len(), 1);
+                assert_eq!(units[0].path, unit);
+            }
+            other => panic!("the switch is not second: {other:?}"),
+        }
+        assert_eq!(out[2], deploy);
+        // Without a switch, the unit is written where it was.
+        let plain = switch_last(vec![write(unit), deploy.clone()]);
+        assert_eq!(plain, vec![write(unit), deploy]);
+    }
 }

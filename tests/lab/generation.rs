@@ -26,6 +26,9 @@ struct Lab {
     good: String,
     broken: String,
     good2: String,
+    /// The ml-env's installer, declared so that whether the workstation caches uv's wheel
+    /// does not decide it: pip (the seeds' venv was made with pip), uv for a benchmark.
+    installer: String,
 }
 
 fn lab(name: &str) -> Lab {
@@ -84,19 +87,28 @@ fn lab(name: &str) -> Lab {
         good,
         broken,
         good2,
+        installer: "pip".into(),
     }
 }
 
 impl Lab {
     /// The inventory with SGLang at `revision`.
     fn inventory(&self, revision: &str) {
+        self.inventory_with(revision, "")
+    }
+
+    /// The inventory with SGLang at `revision` and `packages` (a YAML list's items, or
+    /// nothing) in the ml-env.
+    fn inventory_with(&self, revision: &str, packages: &str) {
         self.g.inventory(&format!(
             "        mounts: [{{ host: /unused, path: /shared }}]
         roles: [ml-env, sglang]
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
+          installer: {installer}
           runtime_packages: []           # the lab mirror serves no compiler
+          packages: [{packages}]
           index: {{ wheelhouse: /opt/wheels }}
           sglang:
             repo: {mirror}/git/sglang.git
@@ -115,10 +127,12 @@ impl Lab {
             trust_remote_code: true
             environment:
               SGLANG_STANDIN_LINE: \"0.5.10\"
+              STANDIN_GENERATION: \"{revision}\"   # the unit of each generation is its own
             restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
             readiness: {{ deadline: 60s, stall_timeout: 10s, poll_interval: 500ms }}
 ",
             mirror = self.g.mirror_url,
+            installer = self.installer,
         ));
     }
 
@@ -206,6 +220,63 @@ fn an_upgrade_that_dies_at_import_brings_the_whole_old_generation_back() {
     );
     let (history, _) = l.g.expect(&["history"], 0);
     assert!(history.contains("gate FAILED"), "{history}");
+    // Still drift at the next check, and gone once a later apply succeeds.
+    l.g.expect(&["check"], 2);
+    l.inventory(&l.good2);
+    l.g.expect(&["apply", "--yes"], 0);
+    l.g.expect(&["check"], 0);
+}
+
+/// A build that fails (a package the wheelhouse does not have) leaves what runs untouched
+/// and restartable, `check` 2, its half-built folder named by `history`; the next switch
+/// names it in `plan` and prunes it.
+#[test]
+fn a_failed_build_leaves_what_runs_and_the_next_switch_prunes_its_folder() {
+    let l = lab("gen-failbuild");
+    l.inventory(&l.good);
+    l.g.expect(&["apply", "--yes"], 0);
+    let first = l.venv_link();
+    l.inventory_with(&l.good, "\"no-such-package==1.0\"");
+    let (out, err) = l.g.expect(&["apply", "--yes"], 1);
+    assert!(
+        format!("{out}{err}").contains("no-such-package"),
+        "the failure is named: {out}\n{err}"
+    );
+    assert_eq!(l.venv_link(), first, "what runs was not switched");
+    assert!(l.serving());
+    l.g.sh("systemctl restart sglang-qwen.service");
+    assert!(l.wait_serving(), "what runs does not restart by hand");
+    l.g.expect(&["check"], 2);
+    let half =
+        l.g.sh(&format!(
+            "ls -d /root/.provision-generations/ml-env-* | grep -v -x -F '{first}' || true"
+        ))
+        .trim()
+        .to_string();
+    assert!(
+        half.starts_with("/root/.provision-generations/ml-env-"),
+        "{half}"
+    );
+    let (history, _) = l.g.expect(&["history"], 0);
+    let short = half.rsplit('/').next().unwrap();
+    assert!(
+        history.contains("built, never switched to") && history.contains(short),
+        "{history}"
+    );
+    // The next switch names it and prunes it; what runs before it stays (the previous).
+    l.inventory(&l.good2);
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    assert!(
+        plan.contains("the switch prunes") && plan.contains(short),
+        "{plan}"
+    );
+    let (out, err) = l.g.expect(&["apply", "--yes"], 0);
+    assert!(
+        err.contains(&format!("pruned {half} (built, never switched to)")),
+        "{out}\n{err}"
+    );
+    l.g.sh(&format!("test ! -e {half} && test -d {first}"));
+    l.g.expect(&["check"], 0);
 }
 
 #[test]
@@ -244,9 +315,13 @@ fn a_passing_upgrade_keeps_the_old_generation_and_rollback_returns_to_it() {
         history.lines().any(|l| l.starts_with("  *   1")),
         "generation 1 is current: {history}"
     );
-    // The inventory still declares the second: drift, and apply goes forward again
-    // without building anything.
+    // The inventory still declares the second: drift. Declaring the first again, what
+    // runs is in place: check 0.
     l.g.expect(&["check"], 2);
+    l.inventory(&l.good);
+    l.g.expect(&["check"], 0);
+    // Apply goes forward again without building anything.
+    l.inventory(&l.good2);
     let (out, err) = l.g.expect(&["apply", "--yes"], 0);
     assert!(
         !err.contains("pip install"),
@@ -312,7 +387,10 @@ fn ready_after(stderr: &str) -> f64 {
 #[test]
 #[ignore = "a benchmark: scripts/bench-generations runs it"]
 fn bench_switch_between_two_built_generations() {
-    let l = lab("gen-bench");
+    let mut l = lab("gen-bench");
+    if let Ok(i) = std::env::var("INSTALLER") {
+        l.installer = i;
+    }
     l.inventory(&l.good);
     l.g.expect(&["apply", "--yes"], 0);
     l.inventory(&l.good2);
@@ -327,7 +405,10 @@ fn bench_switch_between_two_built_generations() {
         let start = Instant::now();
         let (out, err) = l.g.expect(&["apply", "--yes"], 0);
         let total = start.elapsed().as_secs_f64();
-        assert!(!err.contains("pip install"), "rebuilt: {out}\n{err}");
+        assert!(
+            !err.contains("pip install") && !err.contains("uv pip install"),
+            "rebuilt: {out}\n{err}"
+        );
         assert!(l.serving());
         let server = ready_after(&err);
         println!(
@@ -343,29 +424,88 @@ fn bench_switch_between_two_built_generations() {
     }
 }
 
+/// How a kill point is reached: a line the apply prints, or a hold inside the switch
+/// (`generations::target::HOLD_DIR`: the switch waits at that point while a file exists).
+enum At {
+    Line(&'static str),
+    Hold(&'static str),
+}
+
+impl Lab {
+    /// The generation the running server is on, as (the revision its unit names, the venv
+    /// it runs): the unit's `STANDIN_GENERATION` from the process's environment, and the
+    /// venv its interpreter's path names (a pinned unit names the folder, a unit as
+    /// declared names `/root/ml-env`, whose link nothing moves after a boot).
+    fn running_generation(&self) -> (String, String) {
+        let out = self.g.sh(
+            "pid=$(systemctl show -p MainPID --value sglang-qwen.service); \
+             tr '\\0' '\\n' < /proc/$pid/environ | sed -n 's/^STANDIN_GENERATION=//p'; \
+             exe=$(tr '\\0' '\\n' < /proc/$pid/cmdline | head -1); \
+             readlink -f \"$(dirname \"$(dirname \"$exe\")\")\"",
+        );
+        let mut lines = out.lines().map(str::to_string);
+        (
+            lines.next().unwrap_or_default(),
+            lines.next().unwrap_or_default(),
+        )
+    }
+
+    /// Asserts that the server serves, on one whole generation: the unit of a revision on
+    /// that revision's venv (`venvs`: revision -> venv, of the generations switched to).
+    fn serves_one_generation(&self, name: &str, when: &str, venvs: &[(String, String)]) {
+        assert!(self.wait_serving(), "{name}: nothing serves {when}");
+        let (unit_rev, venv) = self.running_generation();
+        let want = venvs
+            .iter()
+            .find(|(rev, _)| *rev == unit_rev)
+            .map(|(_, v)| v.as_str());
+        assert_eq!(
+            want,
+            Some(venv.as_str()),
+            "{name}: {when}, the unit of revision {unit_rev} runs on {venv}: not one generation"
+        );
+    }
+}
+
 /// kill -9 of provision and of its detached run on the target (as a crash of both would)
-/// at points of an upgrade's switch: during the new generation's build, at the switch,
-/// inside the health gate. After each, the stable paths name one complete generation that
-/// starts by hand, and the next apply converges (gated) with check 0.
+/// at every step of an upgrade's switch, the unit changing with it: during the new
+/// generation's build, as the switch starts, after its units are pinned, between its two
+/// link renames, after the links and after the units are written, and inside the health
+/// gate. After each, a restart by hand and then a reboot of the container bring the
+/// service up on one whole generation (old or new: its unit on its venv), and the next
+/// apply converges (gated) with check 0.
 #[test]
 fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
     let l = lab("gen-kill");
     let points = [
         (
             "pip install -e of the new generation",
-            "pip install -e /root/.provision-generations/",
+            At::Line("pip install -e /root/.provision-generations/"),
         ),
-        ("the switch", "switch /root/ml-env"),
+        ("the switch's start", At::Line("switch /root/ml-env")),
+        ("the units pinned", At::Hold("pinned")),
+        ("one link moved", At::Hold("one-link")),
+        ("both links moved", At::Hold("linked")),
+        ("the units written", At::Hold("written")),
         (
             "the health gate",
-            "deploy sglang-qwen.service and wait until it is ready",
+            At::Line("deploy sglang-qwen.service and wait until it is ready"),
         ),
     ];
-    let mut revs = [&l.good, &l.good2].into_iter().cycle();
-    l.inventory(revs.next().unwrap());
+    l.inventory(&l.good);
     l.g.expect(&["apply", "--yes"], 0);
-    for (name, line) in points {
-        l.inventory(revs.next().unwrap());
+    // Revision -> its venv, once an apply has switched to it: the generations that may run.
+    let mut venvs = vec![(l.good.clone(), l.venv_link())];
+    // good2 first: the first point kills its build.
+    let mut revs = [&l.good2, &l.good].into_iter().cycle();
+    for (name, at) in points {
+        let rev = revs.next().unwrap();
+        l.inventory(rev);
+        if let At::Hold(point) = at {
+            l.g.sh(&format!(
+                "mkdir -p /run/provision/hold-switch && touch /run/provision/hold-switch/{point}"
+            ));
+        }
         let err_path = l.g.dir.path().join("kill.err");
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
             .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
@@ -380,28 +520,31 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         let start = Instant::now();
         let mut seen = false;
         while start.elapsed() < Duration::from_secs(120) {
-            if std::fs::read_to_string(&err_path)
-                .unwrap_or_default()
-                .contains(line)
-            {
-                seen = true;
-                break;
-            }
-            if child.try_wait().unwrap().is_some() {
+            seen = match at {
+                At::Line(line) => std::fs::read_to_string(&err_path)
+                    .unwrap_or_default()
+                    .contains(line),
+                At::Hold(point) => {
+                    l.g.sh(&format!(
+                        "test -e /run/provision/hold-switch/{point}.reached && echo y || true"
+                    ))
+                    .contains('y')
+                }
+            };
+            if seen || child.try_wait().unwrap().is_some() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(
             seen,
-            "{name}: the apply never printed `{line}`:\n{}",
+            "{name}: the apply never reached it:\n{}",
             std::fs::read_to_string(&err_path).unwrap_or_default()
         );
         child.kill().unwrap();
         child.wait().unwrap();
-        l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; true");
-        // One complete generation: the stable paths are links to built folders, and it
-        // starts by hand.
+        l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; rm -rf /run/provision/hold-switch; true");
+        // The stable paths are links to built folders.
         let venv = l.venv_link();
         assert!(
             venv.starts_with("/root/.provision-generations/"),
@@ -410,13 +553,17 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         l.g.sh(&format!(
             "test -x {venv}/bin/python3 && test -f {venv}/pyvenv.cfg"
         ));
+        // A restart by hand (systemd's loaded unit) and a boot (the unit on disk) each
+        // start one whole generation.
         l.g.sh("systemctl reset-failed sglang-qwen.service; systemctl restart sglang-qwen.service");
-        assert!(
-            l.wait_serving(),
-            "{name}: what the stable paths name does not start"
-        );
+        l.serves_one_generation(name, "after a restart by hand", &venvs);
+        l.g.reboot();
+        l.serves_one_generation(name, "after a reboot", &venvs);
         // The next apply converges, and gates what it switched to.
         l.g.expect(&["apply", "--yes"], 0);
+        if !venvs.iter().any(|(r, _)| r == rev) {
+            venvs.push((rev.clone(), l.venv_link()));
+        }
         l.g.expect(&["check"], 0);
         assert!(l.serving(), "{name}");
         let (history, _) = l.g.expect(&["history"], 0);

@@ -111,20 +111,7 @@ impl Lab {
     /// Reboots the container through the lab's Proxmox API (shutdown, then start: a new
     /// systemd boot) and waits until the server answers again, or panics at `deadline`.
     fn reboot_until_serving(&self, deadline: Duration) {
-        let api = self.g.lab.api().unwrap();
-        let node = self.g.ct.node.clone();
-        let upid = api
-            .call(
-                "POST",
-                &format!("/nodes/{node}/lxc/{}/status/reboot", self.g.ct.vmid),
-                &[],
-            )
-            .unwrap();
-        let exit = api
-            .wait_task(&node, upid.as_str().unwrap_or(""), Duration::from_secs(120))
-            .unwrap();
-        assert_eq!(exit, "OK", "the reboot task failed");
-        self.g.ct.wait_ssh(Duration::from_secs(60)).unwrap();
+        self.g.reboot();
         let end = Instant::now() + deadline;
         while !self.serving() {
             assert!(

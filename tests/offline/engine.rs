@@ -136,9 +136,16 @@ fn a_services_preflight_runs_before_its_unit_is_written() {
             .iter()
             .position(|o| matches!(o, Op::Guest(Step::Preflight(s)) if s.unit_path == unit))
             .unwrap_or_else(|| panic!("no preflight for {unit}"));
+        // The unit of a service on a new generation is written by the switch itself.
         let write = ops
             .iter()
-            .position(|o| matches!(o, Op::Guest(Step::WriteFile { path, .. }) if *path == unit))
+            .position(|o| match o {
+                Op::Guest(Step::WriteFile { path, .. }) => *path == unit,
+                Op::Guest(Step::SwitchGeneration { units, .. }) => {
+                    units.iter().any(|u| u.path == unit)
+                }
+                _ => false,
+            })
             .unwrap_or_else(|| panic!("no write of {unit}"));
         assert!(
             preflight < write,

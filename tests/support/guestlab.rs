@@ -102,6 +102,31 @@ impl Guest {
         }
     }
 
+    /// Reboots the container through the lab's Proxmox API (shutdown, then start: a new
+    /// systemd boot) and waits until it answers SSH again.
+    pub fn reboot(&self) {
+        let api = self.lab.api().unwrap();
+        let node = self.ct.node.clone();
+        let upid = api
+            .call(
+                "POST",
+                &format!("/nodes/{node}/lxc/{}/status/reboot", self.ct.vmid),
+                &[],
+            )
+            .unwrap();
+        let exit = api
+            .wait_task(
+                &node,
+                upid.as_str().unwrap_or(""),
+                std::time::Duration::from_secs(120),
+            )
+            .unwrap();
+        assert_eq!(exit, "OK", "the reboot task failed");
+        self.ct
+            .wait_ssh(std::time::Duration::from_secs(60))
+            .unwrap();
+    }
+
     /// Runs a shell command in the container as root; its stdout.
     pub fn sh(&self, cmd: &str) -> String {
         self.ct.ssh_ok(cmd).unwrap()

@@ -138,6 +138,17 @@ fn write_unit(path: &str, bytes: &[u8]) -> Result<(), DeployError> {
     write_file_atomic(Path::new(path), bytes, "root", "root", 0o644).map_err(DeployError::Write)
 }
 
+/// A unit file as a switch writes it (root's, 0644, as [`write_unit`] writes).
+fn unit_file(path: &str, bytes: &[u8]) -> crate::generations::UnitFile {
+    crate::generations::UnitFile {
+        path: path.to_string(),
+        content: String::from_utf8_lossy(bytes).into_owned(),
+        owner: "root".into(),
+        group: "root".into(),
+        mode: 0o644,
+    }
+}
+
 fn read_unit(path: &str) -> Result<Vec<u8>, DeployError> {
     fs::read(path).map_err(|source| DeployError::Read {
         path: path.to_string(),
@@ -421,9 +432,8 @@ fn restore_last_known_good(d: &Deploy) -> String {
     if let Some((g, good)) = previous_generation(&d.service.unit, &d.service.unit_path) {
         // The process still runs on the previous generation: the stable paths point at it
         // again, so a restart by hand starts what ran.
-        let restored = generations::restore(&g)
+        let restored = generations::restore(&g, &[unit_file(&d.service.unit_path, &good)])
             .map_err(DeployError::Write)
-            .and_then(|_| write_unit(&d.service.unit_path, &good))
             .and_then(|_| systemctl(&["daemon-reload"]));
         return match restored {
             Ok(()) => format!(
@@ -514,9 +524,8 @@ fn whole_rollback(
 ) -> (Option<Verdict>, String) {
     let left = generations::current_links(&generations::load().unwrap_or_default());
     let _ = systemctl(&["stop", &service.unit]);
-    let restored = generations::restore(g)
+    let restored = generations::restore(g, &[self::unit_file(&service.unit_path, unit_file)])
         .map_err(DeployError::Write)
-        .and_then(|_| write_unit(&service.unit_path, unit_file))
         .and_then(|_| systemctl(&["daemon-reload"]))
         .and_then(|_| restart_and_watch(service));
     let what = format!(

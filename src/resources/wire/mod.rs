@@ -547,6 +547,10 @@ pub enum Step {
     SwitchGeneration {
         /// Stable path -> the generation's folder.
         links: BTreeMap<String, String>,
+        /// The unit files of the services on it, written as part of the switch (pinned to
+        /// the generation's folders while the links move), not before it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        units: Vec<crate::generations::UnitFile>,
     },
     /// `provision rollback`: the services of an ml-env back on the previous generation
     /// that passed its gate, gated again.
@@ -623,7 +627,7 @@ impl Step {
                 super::managed::Entry::Model { path, .. } => format!("delete model folder {path}"),
                 super::managed::Entry::Container { vmid, .. } => format!("destroy CT {vmid}"),
             },
-            Step::SwitchGeneration { links } => format!(
+            Step::SwitchGeneration { links, .. } => format!(
                 "switch {} to generation {}",
                 links.keys().cloned().collect::<Vec<_>>().join(", "),
                 links
@@ -744,7 +748,7 @@ impl Step {
                 revision,
                 path,
             } => git_checkout::checkout(repo, revision, path),
-            Step::SwitchGeneration { links } => super::generation::switch(links),
+            Step::SwitchGeneration { links, units } => super::generation::switch(links, units),
         };
         done.map(|()| None).map_err(StepError::from)
     }
