@@ -159,7 +159,10 @@ fn the_default_installer_is_uv_whatever_the_workstation_has_cached() {
     // followed the cache, the empty one planned pip and another generation.
     let empty = tempfile::tempdir().unwrap();
     let cached = tempfile::tempdir().unwrap();
-    let wheel = cached.path().join("uv").join(provision::resources::uv::WHEEL);
+    let wheel = cached
+        .path()
+        .join("uv")
+        .join(provision::resources::uv::WHEEL);
     std::fs::create_dir_all(wheel.parent().unwrap()).unwrap();
     std::fs::write(&wheel, b"a wheel the plan does not read").unwrap();
     let plan = |cache: &Path| {
