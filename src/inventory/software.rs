@@ -257,7 +257,7 @@ pub struct MlEnv {
     pub index: Option<PackageIndex>,
     /// What builds the venv and installs into it: `uv` (pushed from the workstation,
     /// pinned by version and sha256) or `pip` (`python -m venv`, then pip). When unset,
-    /// uv if the workstation's cache holds the pinned uv wheel, else pip.
+    /// uv, whatever the workstation has cached: every workstation plans the same.
     pub installer: Option<Sp<Installer>>,
     /// SGLang built from a git checkout.
     pub sglang: Option<SglangSource>,
@@ -280,13 +280,11 @@ impl MlEnv {
         self.path.join("bin")
     }
 
-    /// The installer used: as written, else uv when the workstation has it cached.
+    /// The installer used: as written, else uv. Nothing on the workstation decides it (the
+    /// pinned wheel is fetched at apply when its cache lacks it), so two workstations plan
+    /// the same installer and the same generation.
     pub fn installer(&self) -> Installer {
-        match &self.installer {
-            Some(i) => i.value,
-            None if crate::resources::uv::is_cached() => Installer::Uv,
-            None => Installer::Pip,
-        }
+        self.installer.as_ref().map_or(Installer::Uv, |i| i.value)
     }
 }
 

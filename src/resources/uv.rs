@@ -1,6 +1,8 @@
-//! uv, the installer the ml-env is built with by default: one static binary from uv's
-//! musllinux wheel on PyPI, pinned by version and by the wheel's and the binary's sha256,
-//! downloaded once into the workstation's cache and pushed to the target, where it lands at
+//! uv, the installer the ml-env is built with unless the inventory says `installer: pip`
+//! (the default does not depend on the workstation's cache, so every workstation plans the
+//! same): one static binary from uv's musllinux wheel on PyPI, pinned by version and by the
+//! wheel's and the binary's sha256, downloaded at the first apply that needs it into the
+//! workstation's cache and pushed to the target, where it lands at
 //! a content-addressed path (written only once its sha256 checks out, so a file found there
 //! of the right size is the right one, and the no-op check does not hash 44 MB).
 //!
@@ -64,7 +66,7 @@ pub fn cached_wheel() -> PathBuf {
     cache_dir().join("uv").join(WHEEL)
 }
 
-/// Whether the pinned wheel is in the workstation's cache (what makes uv the default).
+/// Whether the pinned wheel is in the workstation's cache (else apply downloads it first).
 pub fn is_cached() -> bool {
     std::fs::metadata(cached_wheel()).is_ok_and(|m| m.is_file())
 }
@@ -128,7 +130,10 @@ impl Resource for UvSpec {
                 found.map(|f| format!("{} bytes", f.size)),
                 Some(self.version.clone()),
             ))
-            .reason(format!("pushed from the workstation ({WHEEL} from PyPI)")),
+            .reason(format!(
+                "the ml-env's installer (uv unless `ml_env.installer: pip`), pushed from the \
+                 workstation: {WHEEL} from PyPI, downloaded into its cache first if missing"
+            )),
         ))
     }
 

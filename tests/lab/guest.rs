@@ -75,6 +75,7 @@ fn body(apt_line: &str, probe_version: &str) -> String {
         ml_env:
           path: /opt/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           packages: [provision-probe=={probe_version}]
           runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels }}

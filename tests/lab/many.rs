@@ -180,6 +180,26 @@ fn many_guests_are_checked_and_applied_together_with_one_exit_code() {
     let dir = tempfile::tempdir().unwrap();
     let cts = containers(&lab, vec![guest_spec(), guest_spec(), guest_spec()]);
     let (a, b, c) = (&cts[0], &cts[1], &cts[2]);
+    // The cluster's listing finds running containers by their LXC monitors' sockets in
+    // one pass (no process per container): these three, started, are listed running.
+    let all = lab
+        .api()
+        .unwrap()
+        .call("GET", "/cluster/resources", &[("type", "vm")])
+        .unwrap();
+    for ct in &cts {
+        let listed = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["vmid"] == ct.vmid);
+        assert_eq!(
+            listed.map(|r| r["status"].clone()),
+            Some(serde_json::json!("running")),
+            "CT {} in {all}",
+            ct.vmid
+        );
+    }
     inventory(
         &lab,
         dir.path(),
@@ -293,6 +313,8 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
         .unwrap_or_else(|| panic!("CT {} not in {all}", ct.vmid))
         .clone();
     assert_eq!(listed["node"], other.as_str());
+    // Not started: no LXC monitor, so asked one by one, and stopped.
+    assert_eq!(listed["status"], "stopped");
     // vmids are unique cluster-wide: the declared node refuses it, naming the other.
     let template = lab.vars["LAB_TEMPLATE"].clone();
     let vmid = ct.vmid.to_string();

@@ -183,6 +183,7 @@ resources:
         ml_env:
           path: /opt/ml-env
           python: "{python}"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           packages: [provision-probe==1.0.0]
           index: {{ url: "{mirror}/simple/" }}
           # The toolchain the ml-env role installs by default (a C compiler, Python's

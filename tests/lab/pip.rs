@@ -100,6 +100,7 @@ fn local_versions_converge(name: &str, source_of: fn(&Guest) -> Source) {
         ml_env:
           path: /opt/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           packages: [demo-pkg==1.0]
           runtime_packages: []           # the lab mirror serves no compiler
           index: {}
@@ -169,6 +170,7 @@ fn kernel_inventory(g: &Guest, kernel: &str, find_links: &str) {
         ml_env:
           path: /opt/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           packages: [lab-cuda-runtime==13.0, {kernel}]
           runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels, find_links: [{find_links}] }}
@@ -244,6 +246,7 @@ fn toolchain_inventory(g: &Guest, source: &str, runtime: &str) {
         ml_env:
           path: /opt/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
 {runtime}          index: {{ wheelhouse: /opt/wheels }}
           imports: [json]
 "

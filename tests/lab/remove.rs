@@ -66,6 +66,7 @@ impl Lab {
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           runtime_packages: []
           index: {{ wheelhouse: /opt/wheels }}
           sglang:

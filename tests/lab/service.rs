@@ -193,6 +193,7 @@ impl Lab {
         ml_env:
           path: /root/ml-env
           python: \"3.11\"
+          installer: pip                 # pip's own paths; tests/lab/uv.rs has uv's
           runtime_packages: []           # the lab mirror serves no compiler
           index: {{ wheelhouse: /opt/wheels }}
           sglang:

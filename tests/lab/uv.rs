@@ -4,8 +4,9 @@
 //! offline wheelhouse and a find-links folder, and the SGLang stand-in (tests/support/
 //! sglang-standin: NOT SGLang) installed editable from its git checkout, its build backend
 //! from the wheelhouse; then the import check. A second apply has nothing to do; uv removed
-//! from the target is drift that apply pushes again. Without the cached wheel and without
-//! `installer`, the ml-env is pip's. Needs the lab (`scripts/test` brings it up).
+//! from the target is drift that apply pushes again. Without `installer` the ml-env is uv's
+//! whether or not the workstation's cache holds the wheel; `installer: pip` plans no uv.
+//! Needs the lab (`scripts/test` brings it up).
 
 use crate::guestlab;
 
@@ -81,22 +82,26 @@ fn uv_builds_the_ml_env_offline_with_sglang_editable_and_checks_clean() {
         kernels.path().display()
     ));
 
-    // No cached wheel and no `installer`: pip's, as before.
+    // No `installer`: uv, with or without the wheel in the workstation's cache (apply
+    // fetches it where it is missing), so both plan the same.
     let empty = tempfile::tempdir().unwrap();
     inventory(&g, "", &commit);
-    let (plan, _) = expect(
-        &g,
-        &["plan", "--detailed-exitcode"],
-        &empty.path().display().to_string(),
-        2,
-    );
-    assert!(!plan.contains("+ uv "), "{plan}");
-    // The cached wheel makes uv the default.
     let (plan, _) = expect(&g, &["plan", "--detailed-exitcode"], cache, 2);
     assert!(
         plan.contains("+ uv /var/lib/provision/tools/uv-0.13.9-"),
         "{plan}"
     );
+    let (uncached, _) = expect(
+        &g,
+        &["plan", "--detailed-exitcode"],
+        &empty.path().display().to_string(),
+        2,
+    );
+    assert_eq!(uncached, plan);
+    // `installer: pip`: no uv.
+    inventory(&g, "          installer: pip\n", &commit);
+    let (plan, _) = expect(&g, &["plan", "--detailed-exitcode"], cache, 2);
+    assert!(!plan.contains("+ uv "), "{plan}");
 
     inventory(&g, "          installer: uv\n", &commit);
     let (out, err) = expect(&g, &["apply", "--yes"], cache, 0);

@@ -153,6 +153,36 @@ fn offline_plan_of_llm_two() {
 }
 
 #[test]
+fn the_default_installer_is_uv_whatever_the_workstation_has_cached() {
+    // Two workstations, one with uv's wheel in its cache and one without: the same plan,
+    // uv in both (the wheel is fetched at apply where it is missing). When the default
+    // followed the cache, the empty one planned pip and another generation.
+    let empty = tempfile::tempdir().unwrap();
+    let cached = tempfile::tempdir().unwrap();
+    let wheel = cached
+        .path()
+        .join("uv")
+        .join(provision::resources::uv::WHEEL);
+    std::fs::create_dir_all(wheel.parent().unwrap()).unwrap();
+    std::fs::write(&wheel, b"a wheel the plan does not read").unwrap();
+    let plan = |cache: &Path| {
+        let out = provision()
+            .env("PROVISION_CACHE_DIR", cache)
+            .args(["plan", "--offline", "inventory/llm-two.yaml"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let without = plan(empty.path());
+    assert!(
+        without.contains("+ uv /var/lib/provision/tools/uv-0.13.9-"),
+        "{without}"
+    );
+    assert_eq!(without, plan(cached.path()));
+}
+
+#[test]
 fn offline_plan_json_is_stable_and_complete() {
     let r = run(&["plan", "--offline", "--json", "inventory/llm-two.yaml"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -161,7 +191,7 @@ fn offline_plan_json_is_stable_and_complete() {
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(typed.summary.create, 18);
+    assert_eq!(typed.summary.create, 19);
     insta::assert_json_snapshot!("plan_offline_llm_two_json", plan);
 }
 

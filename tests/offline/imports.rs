@@ -14,11 +14,6 @@ const KNOWN_BACK_EDGES: &[(&str, &str, &str)] = &[
         "resources",
         "a plan's Change carries its ResourceSpec and its read stamp the wire's Probes, while every kind's diff builds plan::Change (the typed delta of issue 23 is the fix)",
     ),
-    (
-        "inventory",
-        "resources",
-        "inventory/software.rs's MlEnv::installer asks resources::uv whether uv's wheel is in the workstation's cache (the default installer), while kinds still take the inventory's value types (Secret, Pos, GpuSelector, RestartPolicy, package names)",
-    ),
 ];
 
 /// The top-level modules: `src/NAME.rs` and `src/NAME/`.

@@ -125,6 +125,26 @@ impl Node {
         }
     }
 
+    /// The containers whose LXC monitor is up, in one read of `/proc/net/unix` (their
+    /// abstract command sockets `@<lxcpath>/<vmid>/command`), as pve-container's
+    /// `list_active_containers` finds them: no process per container. A socket also exists
+    /// while a container starts or stops, so callers confirm the ones missing with
+    /// [`Node::state`] rather than take absence for stopped when the socket name differs.
+    pub fn active(&self) -> std::collections::HashSet<u32> {
+        let prefix = format!("@{}/", self.lab.lxc_path().display());
+        std::fs::read_to_string("/proc/net/unix")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(7))
+            .filter_map(|path| {
+                path.strip_prefix(&prefix)?
+                    .strip_suffix("/command")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+
     /// True when the container runs.
     pub fn is_running(&self, vmid: u32) -> bool {
         matches!(self.state(vmid), RunState::Running(_))

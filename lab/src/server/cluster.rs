@@ -65,11 +65,16 @@ pub fn resources(app: &App, ctx: &Ctx) -> ApiResult<Reply> {
             }));
         }
         if kind.as_deref().is_none_or(|k| k == "vm") {
+            // Proxmox answers this from the cluster's status, which pvestatd refreshes, not
+            // with a process per container: the running ones come from one pass over the
+            // LXC monitors' sockets, and only the others are asked one by one.
+            let active = m.node.active();
             for vmid in m.node.list() {
                 let Ok(conf) = m.node.load(vmid) else {
                     continue;
                 };
-                let running = matches!(m.node.state(vmid), crate::node::RunState::Running(_));
+                let running = active.contains(&vmid)
+                    || matches!(m.node.state(vmid), crate::node::RunState::Running(_));
                 let mut ct = json!({
                     "id": format!("lxc/{vmid}"), "type": "lxc", "node": name, "vmid": vmid,
                     "status": if running { "running" } else { "stopped" },
