@@ -8,13 +8,11 @@ use std::path::{Path, PathBuf};
 
 /// Edges that still close a cycle, each with where it comes from. Removing one from the
 /// source makes this test fail until it is removed here too.
-const KNOWN_BACK_EDGES: &[(&str, &str, &str)] = &[
-    (
-        "plan",
-        "resources",
-        "a plan's Change carries its ResourceSpec and its read stamp the wire's Probes, while every kind's diff builds plan::Change (the typed delta of issue 23 is the fix)",
-    ),
-];
+const KNOWN_BACK_EDGES: &[(&str, &str, &str)] = &[(
+    "plan",
+    "resources",
+    "a plan's Change carries its ResourceSpec and its read stamp the wire's Probes, while every kind's diff builds plan::Change (the typed delta of issue 23 is the fix)",
+)];
 
 /// The top-level modules: `src/NAME.rs` and `src/NAME/`.
 fn modules(src: &Path) -> BTreeSet<String> {
