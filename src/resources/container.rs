@@ -415,12 +415,12 @@ impl Resource for ContainerSpec {
     }
 
     fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
-        // A removal is this kind's operation too, once it is built (issue 25: a container
-        // no longer declared, destroyed only with `--allow-destroy`); until then no plan
+        // A container no longer declared is destroyed as a `removed` change (its marker
+        // read again, `--allow-destroy`: `Removal::ops`), never through its spec: no plan
         // reaches the API's create-or-update with a `-`.
         if change.action == Action::Delete {
             return Err(StepsError::Refused(format!(
-                "destroying CT {} is not built yet",
+                "destroying CT {} through its spec is not built: a container no longer declared is a `removed` change",
                 self.vmid
             )));
         }
