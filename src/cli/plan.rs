@@ -211,6 +211,7 @@ fn undeclared(
     removal::Undeclared {
         prune_models: targets.prune_models,
         allow_destroy: targets.allow_destroy,
+        allow_downtime: targets.allow_downtime,
         declared: declared.into_iter().map(|(_, v)| v).collect(),
         nodes,
         owner: crate::session::owner(loaded),

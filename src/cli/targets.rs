@@ -39,6 +39,11 @@ pub struct TargetArgs {
     /// host paths are kept; a container provision did not create is never touched.
     #[arg(long)]
     pub allow_destroy: bool,
+    /// When a model to be downloaded fits only once the folder a running service holds is
+    /// deleted (with --prune-models), stop that service first: it is down until the new
+    /// model is verified and it is deployed again.
+    #[arg(long)]
+    pub allow_downtime: bool,
     /// Trust any TLS certificate of the nodes' APIs instead of the inventory's `tls:`
     /// (warned about on every run).
     #[arg(long)]

@@ -3,6 +3,7 @@
 
 pub mod empty_guest;
 pub mod error;
+pub mod fit;
 pub mod node_desired;
 pub mod ops;
 pub mod reconcile;

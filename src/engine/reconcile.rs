@@ -70,6 +70,13 @@ pub fn plan(
                 removal::read_target(d, reader.as_ref(), prune_models)
             })?;
             let mut target = timing::time("diff", || diff_target(&d, &facts))?;
+            let ways = super::fit::Ways {
+                prune_models,
+                allow_downtime: undeclared.allow_downtime,
+            };
+            timing::time("fit (hub listing)", || {
+                super::fit::check(&d, &facts, &mut target, ways, &super::fit::listed)
+            })?;
             target.not_read = reader.not_read();
             target.manages = removal::record(&d, &facts);
             target.read = Some(ReadStamp {
@@ -215,6 +222,19 @@ pub fn apply(
                 d = d.cause(w.clone());
             }
             return Err(d.hint("pass --allow-destroy to stop and destroy it (its own volumes; bind-mounted host paths are kept), or stop it to keep it (a stopped one is only named)")
+            .into());
+        }
+        if let Some((c, why)) = t.changes.iter().find_map(|c| match (&c.spec, &c.typed) {
+            (ResourceSpec::Model(_), Some(crate::resources::Typed::Conflict { why })) => {
+                Some((c, why))
+            }
+            _ => None,
+        }) {
+            return Err(Diagnostic::new(format!(
+                "{}: the download {why}; nothing was changed",
+                c.address
+            ))
+            .hint("the model it replaces keeps serving while it downloads, so both must fit; `provision plan` shows the numbers")
             .into());
         }
         if !t.changes.is_empty() {

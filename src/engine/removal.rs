@@ -26,6 +26,9 @@ pub struct Undeclared {
     pub nodes: Vec<String>,
     /// The inventory file the plan is made from (its containers' markers name it).
     pub owner: String,
+    /// A model download that fits only once a service holding a folder to be deleted has
+    /// stopped is planned with that stop first (`--allow-downtime`).
+    pub allow_downtime: bool,
 }
 
 /// The containers provision created on `u.nodes` that no vmid of `u.declared` is, each

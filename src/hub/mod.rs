@@ -173,6 +173,25 @@ fn safe_path(path: &str) -> bool {
         && !path.ends_with(".part.json")
 }
 
+/// The bytes `req.repo` at `req.revision` holds in the files `req.include`/`req.exclude`
+/// select, from the hub's listing alone (the tree at the revision as named: no file is
+/// fetched, the token only sent to the hub's origin). What `plan` checks against the free
+/// space on the target before a download. Builds its own runtime, as [`pull`] does.
+pub fn listed_bytes(req: &PullRequest) -> Result<u64, HubError> {
+    let filter = Filter::new(&req.include, &req.exclude)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| HubError::Client(e.to_string()))?;
+    let client = api::HubClient::new(&req.endpoint, &req.repo, req.token.clone())?;
+    let tree = runtime.block_on(client.tree(&req.revision))?;
+    Ok(tree
+        .iter()
+        .filter(|f| filter.selects(&f.path))
+        .map(|f| f.size)
+        .sum())
+}
+
 /// Downloads `req.repo` at `req.revision` into `req.dest`, verifying every file. Builds its
 /// own async runtime: call it from a plain thread, not from inside a tokio runtime.
 pub fn pull(req: &PullRequest, progress: &dyn ProgressSink) -> Result<PullReport, HubError> {

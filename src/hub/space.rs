@@ -14,6 +14,12 @@ use super::HubError;
 /// Bytes available to this user on the filesystem holding `path` (or its nearest existing
 /// ancestor, for a folder not created yet).
 pub fn free_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
+    filesystem(path).map(|(dir, free, _)| (dir, free))
+}
+
+/// [`free_bytes`] with the filesystem's id (`f_fsid`): two folders with the same id share
+/// their free space.
+pub fn filesystem(path: &Path) -> std::io::Result<(PathBuf, u64, u64)> {
     let mut dir = path.to_path_buf();
     while !dir.exists() {
         if !dir.pop() {
@@ -28,7 +34,11 @@ pub fn free_bytes(path: &Path) -> std::io::Result<(PathBuf, u64)> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((dir, st.f_bavail as u64 * st.f_frsize as u64))
+    Ok((
+        dir,
+        st.f_bavail as u64 * st.f_frsize as u64,
+        st.f_fsid as u64,
+    ))
 }
 
 /// Refuses when `need` bytes do not fit under `dest`.

@@ -186,6 +186,15 @@ impl Removal {
             && matches!(self.size(facts), Ok(Some(_)))
     }
 
+    /// The bytes deleting this model folder frees, when it is there (`None` for the other
+    /// kinds).
+    pub fn model_bytes(&self, facts: &Facts) -> Result<Option<u64>, NotRead> {
+        match self.entry {
+            Entry::Model { .. } => self.size(facts),
+            _ => Ok(None),
+        }
+    }
+
     fn size(&self, facts: &Facts) -> Result<Option<u64>, NotRead> {
         facts.folder_size(&self.probes()[0]).map(|s| s.copied())
     }
@@ -227,12 +236,17 @@ impl Resource for Removal {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![match &self.entry {
+        let mut probes = vec![match &self.entry {
             Entry::File { path, .. } => Probe::Path { path: path.clone() },
             Entry::Service { unit } => Probe::Unit { name: unit.clone() },
             Entry::Model { path, .. } => Probe::FolderSize { path: path.clone() },
             Entry::Container { vmid, .. } => Probe::PveContainer { vmid: *vmid },
-        }]
+        }];
+        // Which filesystem a folder's deletion frees space on (the plan's fit check).
+        if let Entry::Model { path, .. } = &self.entry {
+            probes.push(Probe::FreeSpace { path: path.clone() });
+        }
+        probes
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {

@@ -48,9 +48,19 @@ impl Resource for ModelSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Model {
-            path: self.path.clone(),
-        }]
+        // The record, then what a download needs beside it: the bytes already in the folder
+        // and the free space where it is (the plan's fit check, `engine::fit`).
+        vec![
+            Probe::Model {
+                path: self.path.clone(),
+            },
+            Probe::FolderSize {
+                path: self.path.clone(),
+            },
+            Probe::FreeSpace {
+                path: self.path.clone(),
+            },
+        ]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -72,6 +82,11 @@ impl Resource for ModelSpec {
                     "token",
                     format!("from {}", token.describe()),
                 ));
+            }
+            if matches!(facts, Facts::Empty) {
+                d = d.reason(
+                    "size not known offline: the hub and the target's free space are read online",
+                );
             }
             return Ok(Some(d.reason(
                 "downloaded on the target, every file verified by sha256",
@@ -118,6 +133,10 @@ impl Resource for ModelSpec {
     }
 
     fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+        // A download the plan found does not fit (`engine::fit`).
+        if let Some(super::Typed::Conflict { why }) = &change.typed {
+            return Err(StepsError::Refused(why.clone()));
+        }
         // The token is read here, on the workstation, and travels to the agent on stdin.
         let token = match &self.token {
             Some(r) => Some(r.resolve(std::path::Path::new("/"))?),
@@ -150,6 +169,31 @@ pub struct ModelFact {
     pub intact: bool,
     /// Files that no longer match.
     pub changed: Vec<String>,
+}
+
+/// The filesystem that holds a model folder, as a download needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeSpace {
+    /// The nearest existing folder of the model's path (where the filesystem was asked).
+    pub dir: String,
+    /// Bytes available there.
+    pub free: u64,
+    /// The filesystem's id: folders with the same one share `free`.
+    pub fsid: u64,
+}
+
+/// The free space where `path` is or would be created (agent side).
+pub fn free_space(path: &Path) -> Result<FreeSpace, crate::hub::HubError> {
+    let (dir, free, fsid) =
+        crate::hub::space::filesystem(path).map_err(|source| crate::hub::HubError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(FreeSpace {
+        dir: dir.display().to_string(),
+        free,
+        fsid,
+    })
 }
 
 /// A model folder's verification record, summarised for the planner: metadata only

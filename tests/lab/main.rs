@@ -15,6 +15,7 @@ mod generation;
 mod guest;
 mod many;
 mod model;
+mod model_switch;
 mod node;
 mod node_target;
 mod other_guests;

@@ -128,6 +128,12 @@ pub enum Probe {
         /// The stable paths.
         stables: Vec<String>,
     },
+    /// The free bytes of the filesystem that holds a path (or would: its nearest existing
+    /// folder), for a model download planned there.
+    FreeSpace {
+        /// The model's folder.
+        path: String,
+    },
 }
 
 /// An answer to a [`Probe`]; `None` inside means "looked, and it is not there".
@@ -170,6 +176,8 @@ pub enum Fact {
     FolderSize(Option<u64>),
     /// Answer to [`Probe::Generation`] (always `Some` when read).
     Generation(Option<super::generation::GenerationFact>),
+    /// Answer to [`Probe::FreeSpace`] (always `Some` when read).
+    FreeSpace(Option<model::FreeSpace>),
 }
 
 /// A probe that has no answer: the read failed or was never made.
@@ -294,6 +302,10 @@ impl Facts {
         /// An ml-env's stable paths and their generation.
         generation, Generation, super::generation::GenerationFact
     );
+    accessor!(
+        /// The free space where a model folder is.
+        free_space, FreeSpace, model::FreeSpace
+    );
 
     /// Installed versions of packages (empty world: none installed).
     pub fn packages(&self, probe: &Probe) -> Result<BTreeMap<String, Option<String>>, NotRead> {
@@ -343,6 +355,7 @@ pub fn answer(probe: &Probe, verify_full: bool) -> Result<Fact, AnswerError> {
             Fact::FolderSize(super::managed::folder_size(Path::new(path))?)
         }
         Probe::Generation { stables } => Fact::Generation(Some(super::generation::read(stables)?)),
+        Probe::FreeSpace { path } => Fact::FreeSpace(Some(model::free_space(Path::new(path))?)),
         Probe::PveContainer { .. } | Probe::PveTemplate { .. } | Probe::PveCreated {} => {
             return Err(AnswerError::NotAnAgentProbe);
         }

@@ -1,0 +1,487 @@
+//! The plan's fit check: a model to be downloaded is fetched beside what stays (the model it
+//! replaces still serves until the switch, the last step), so before anything changes the
+//! plan knows the bytes still to fetch (the hub's listing minus what is in the folder) and
+//! the free space of the filesystem that holds the folder (the agent's statvfs, read with
+//! the other probes). What does not fit is a conflict apply refuses, with the numbers and
+//! the ways on: `--prune-models` when the folders no longer declared free enough, or
+//! `--allow-downtime` when only stopping the service that holds a folder frees it (a
+//! deleted folder a server still has open frees nothing until it stops).
+
+use std::collections::BTreeMap;
+
+use super::DesiredTarget;
+use crate::hub::error::size;
+use crate::plan::{Change, TargetPlan};
+use crate::resources::ResourceSpec;
+use crate::resources::managed::{Entry, Removal};
+use crate::resources::model::{FreeSpace, ModelSpec};
+use crate::resources::wire::{Fact, Facts, NotRead, Probe};
+
+/// The flags that open ways on when a download does not fit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ways {
+    /// `--prune-models`: the folders no longer declared are deleted (before the download).
+    pub prune_models: bool,
+    /// `--allow-downtime`: a service holding a folder to be deleted is stopped first.
+    pub allow_downtime: bool,
+}
+
+/// One model folder no longer declared, as the check counts it.
+struct Gone {
+    path: String,
+    bytes: u64,
+    prune: bool,
+    /// The running units whose loaded `ExecStart` names the folder.
+    held_by: Vec<String>,
+}
+
+/// Checks `plan`'s model downloads against the free space read in `facts`: a download that
+/// does not fit gets a conflict (apply refuses it, `check` reports it); one that fits only
+/// with the services holding a deleted folder stopped first (`--allow-downtime`) gets those
+/// stops in front of the plan. `listed` is the hub's byte count of a model's selection.
+pub fn check(
+    d: &DesiredTarget,
+    facts: &Facts,
+    plan: &mut TargetPlan,
+    ways: Ways,
+    listed: &dyn Fn(&ModelSpec) -> Result<u64, String>,
+) -> Result<(), NotRead> {
+    let Facts::Read(map) = facts else {
+        return Ok(());
+    };
+    // Per filesystem: its free space and the downloads' (change index, bytes to fetch).
+    let mut need: BTreeMap<u64, (FreeSpace, Vec<(usize, u64)>)> = BTreeMap::new();
+    for (i, c) in plan.changes.iter_mut().enumerate() {
+        let ResourceSpec::Model(m) = &c.spec else {
+            continue;
+        };
+        let Some(fs) = facts.free_space(&Probe::FreeSpace {
+            path: m.path.clone(),
+        })?
+        else {
+            continue;
+        };
+        let total = match listed(m) {
+            Ok(t) => t,
+            Err(why) => {
+                c.warnings
+                    .push(format!("size not known (the hub's listing: {why})"));
+                continue;
+            }
+        };
+        let have = facts
+            .folder_size(&Probe::FolderSize {
+                path: m.path.clone(),
+            })?
+            .copied()
+            .unwrap_or(0);
+        let fetch = total.saturating_sub(have);
+        c.reasons.push(format!(
+            "{} to fetch, {} free on {}",
+            size(fetch),
+            size(fs.free),
+            fs.dir
+        ));
+        need.entry(fs.fsid)
+            .or_insert_with(|| (fs.clone(), Vec::new()))
+            .1
+            .push((i, fetch));
+    }
+    if need.is_empty() {
+        return Ok(());
+    }
+    // The folders no longer declared, by filesystem.
+    let mut gone: BTreeMap<u64, Vec<Gone>> = BTreeMap::new();
+    for r in &d.resources {
+        let ResourceSpec::Removed(
+            removal @ Removal {
+                entry: Entry::Model { path, .. },
+                ..
+            },
+        ) = &r.spec
+        else {
+            continue;
+        };
+        let Some(bytes) = removal.model_bytes(facts)? else {
+            continue;
+        };
+        let Some(fs) = facts.free_space(&Probe::FreeSpace { path: path.clone() })? else {
+            continue;
+        };
+        gone.entry(fs.fsid).or_default().push(Gone {
+            path: path.clone(),
+            bytes,
+            prune: removal.prune,
+            held_by: holders(map, path),
+        });
+    }
+    let mut stops: Vec<String> = Vec::new();
+    for (fsid, (fs, downloads)) in need {
+        let fetch: u64 = downloads.iter().map(|(_, b)| b).sum();
+        if fetch <= fs.free {
+            continue;
+        }
+        let gone = gone.remove(&fsid).unwrap_or_default();
+        let sum = |f: &dyn Fn(&Gone) -> bool| -> u64 {
+            gone.iter().filter(|g| f(g)).map(|g| g.bytes).sum()
+        };
+        let free_now = fs.free + sum(&|g| g.prune && g.held_by.is_empty());
+        let with_prune = fs.free + sum(&|g| g.held_by.is_empty());
+        let with_stop = fs.free + sum(&|g| g.prune);
+        let with_both = fs.free + sum(&|_| true);
+        if fetch <= free_now {
+            continue;
+        }
+        if ways.allow_downtime && fetch <= with_stop {
+            for g in gone.iter().filter(|g| g.prune) {
+                for u in &g.held_by {
+                    if !stops.contains(u) {
+                        stops.push(u.clone());
+                    }
+                }
+            }
+            continue;
+        }
+        let names = |f: &dyn Fn(&Gone) -> bool| -> String {
+            let list: Vec<String> = gone
+                .iter()
+                .filter(|g| f(g))
+                .map(|g| format!("{} ({})", g.path, size(g.bytes)))
+                .collect();
+            list.join(", ")
+        };
+        let mut why = format!(
+            "does not fit: needs {}, {} free on {}",
+            size(fetch),
+            size(fs.free),
+            fs.dir
+        );
+        if !ways.prune_models && fetch <= with_prune {
+            why.push_str(&format!(
+                "; pass --prune-models: it deletes the model folders no longer declared ({}) before the download",
+                names(&|g| g.held_by.is_empty())
+            ));
+        } else if fetch <= with_both {
+            let units: Vec<&str> = gone
+                .iter()
+                .flat_map(|g| g.held_by.iter().map(String::as_str))
+                .collect();
+            why.push_str(&format!(
+                "; {} holds {}: pass --allow-downtime{} to stop it first, delete the folder, download, then start it (the service is down meanwhile)",
+                units.join(", "),
+                names(&|g| !g.held_by.is_empty()),
+                if ways.prune_models { "" } else { " --prune-models" },
+            ));
+        } else {
+            why.push_str(&format!(
+                "; even the model folders no longer declared free only {}: free space there or select fewer files (include/exclude)",
+                size(with_both - fs.free)
+            ));
+        }
+        for (i, _) in downloads {
+            let c = &mut plan.changes[i];
+            c.warnings.push(format!("refused: {why}"));
+            c.typed = Some(crate::resources::Typed::Conflict { why: why.clone() });
+        }
+    }
+    if stops.is_empty() {
+        return Ok(());
+    }
+    // The services that hold a folder to be deleted stop before anything else: stop ->
+    // removals -> download -> deploy -> gate.
+    let mut front: Vec<Change> = Vec::new();
+    for unit in stops {
+        let stop = DesiredTarget {
+            target: d.target.clone(),
+            resources: vec![super::Desired {
+                spec: ResourceSpec::Removed(Removal {
+                    entry: Entry::Service { unit: unit.clone() },
+                    prune: false,
+                    absent: false,
+                }),
+                role: None,
+            }],
+        };
+        for mut c in super::diff_target(&stop, facts)?.changes {
+            // A declared service is only stopped here: its deploy later starts it again.
+            c.reasons = vec![format!(
+                "--allow-downtime: stopped first, so the folder it holds frees its space; {unit} is down until it is deployed again and passes its gate"
+            )];
+            if plan.changes.iter().all(|p| p.address != c.address) {
+                front.push(c);
+            } else {
+                c.warnings
+                    .push(format!("{unit} is down from here until its deploy below"));
+                front.push(c);
+            }
+        }
+    }
+    plan.changes.splice(0..0, front);
+    Ok(())
+}
+
+/// The bytes of `m`'s selection as the hub lists it: one listing per model, read from the
+/// workstation (the token resolved here and sent only to the hub's origin; never shown).
+pub fn listed(m: &ModelSpec) -> Result<u64, String> {
+    let mut req = crate::hub::PullRequest::new(&m.repo, &m.revision, std::path::Path::new(&m.path));
+    req.endpoint = m.endpoint.clone();
+    req.include = m.include.clone();
+    req.exclude = m.exclude.clone();
+    req.token = match &m.token {
+        Some(r) => Some(
+            r.resolve(std::path::Path::new("/"))
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    crate::hub::listed_bytes(&req).map_err(|e| e.to_string())
+}
+
+/// The running units whose loaded `ExecStart` names `path`.
+fn holders(map: &std::collections::HashMap<Probe, Fact>, path: &str) -> Vec<String> {
+    let mut units: Vec<String> = map
+        .iter()
+        .filter_map(|(p, f)| match (p, f) {
+            (Probe::Unit { name }, Fact::Unit(Some(u))) => {
+                let prop = |k: &str| u.properties.get(k).map_or("", String::as_str);
+                let running = !matches!(prop("ActiveState"), "inactive" | "failed" | "");
+                (running && names_path(prop("ExecStart"), path)).then(|| name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    units.sort();
+    units.dedup();
+    units
+}
+
+/// Whether an `ExecStart` line names `path` (itself or a file under it).
+fn names_path(exec: &str, path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    exec.match_indices(path).any(|(i, _)| {
+        let after = exec[i + path.len()..].chars().next();
+        matches!(after, None | Some('/' | ' ' | ';' | '"' | '\'' | ']'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Action, Target};
+    use crate::resources::service::UnitFact;
+
+    fn model(path: &str) -> ModelSpec {
+        ModelSpec {
+            repo: "o/b".into(),
+            revision: "main".into(),
+            include: Vec::new(),
+            exclude: Vec::new(),
+            path: path.into(),
+            endpoint: "http://127.0.0.1:1".into(),
+            token: None,
+        }
+    }
+
+    fn target(resources: Vec<ResourceSpec>) -> DesiredTarget {
+        DesiredTarget {
+            target: Target::Guest {
+                name: "t".into(),
+                address: "root@h:22".into(),
+            },
+            resources: resources
+                .into_iter()
+                .map(|spec| super::super::Desired { spec, role: None })
+                .collect(),
+        }
+    }
+
+    fn gone(path: &str, prune: bool) -> ResourceSpec {
+        ResourceSpec::Removed(Removal {
+            entry: Entry::Model {
+                path: path.into(),
+                repo: "o/a".into(),
+            },
+            prune,
+            absent: false,
+        })
+    }
+
+    /// B (1000 bytes to fetch) next to A (600 bytes, no longer declared) with 500 free;
+    /// A held by `llm.service` when `held`.
+    fn facts(held: bool) -> Facts {
+        let fs = |free| {
+            Fact::FreeSpace(Some(FreeSpace {
+                dir: "/shared".into(),
+                free,
+                fsid: 7,
+            }))
+        };
+        let unit = UnitFact {
+            properties: [
+                ("ActiveState".to_string(), "active".to_string()),
+                (
+                    "ExecStart".to_string(),
+                    match held {
+                        true => "{ path=/srv/server ; argv[]=/srv/server --model /shared/a ; }",
+                        false => "{ path=/srv/server ; argv[]=/srv/server --model /shared/c ; }",
+                    }
+                    .to_string(),
+                ),
+                ("UnitFileState".to_string(), "enabled".to_string()),
+            ]
+            .into(),
+            process: None,
+        };
+        Facts::Read(
+            [
+                (
+                    Probe::Model {
+                        path: "/shared/b".into(),
+                    },
+                    Fact::Model(None),
+                ),
+                (
+                    Probe::FreeSpace {
+                        path: "/shared/b".into(),
+                    },
+                    fs(500),
+                ),
+                (
+                    Probe::FreeSpace {
+                        path: "/shared/a".into(),
+                    },
+                    fs(500),
+                ),
+                (
+                    Probe::FolderSize {
+                        path: "/shared/b".into(),
+                    },
+                    Fact::FolderSize(None),
+                ),
+                (
+                    Probe::FolderSize {
+                        path: "/shared/a".into(),
+                    },
+                    Fact::FolderSize(Some(600)),
+                ),
+                (
+                    Probe::Unit {
+                        name: "llm.service".into(),
+                    },
+                    Fact::Unit(Some(unit)),
+                ),
+            ]
+            .into(),
+        )
+    }
+
+    fn planned(d: &DesiredTarget, facts: &Facts, ways: Ways) -> TargetPlan {
+        let mut plan = super::super::diff_target(d, facts).unwrap();
+        check(d, facts, &mut plan, ways, &|_| Ok(1000)).unwrap();
+        plan
+    }
+
+    fn conflict(plan: &TargetPlan) -> Option<String> {
+        plan.changes.iter().find_map(|c| match &c.typed {
+            Some(crate::resources::Typed::Conflict { why }) => Some(why.clone()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_download_that_does_not_fit_names_the_numbers_and_prune_models() {
+        let d = target(vec![
+            gone("/shared/a", false),
+            ResourceSpec::Model(model("/shared/b")),
+        ]);
+        let why = conflict(&planned(&d, &facts(false), Ways::default())).unwrap();
+        assert!(why.contains("needs 1000 B, 500 B free on /shared"), "{why}");
+        assert!(why.contains("--prune-models"), "{why}");
+        assert!(!why.contains("--allow-downtime"), "{why}");
+        let d = target(vec![
+            gone("/shared/a", true),
+            ResourceSpec::Model(model("/shared/b")),
+        ]);
+        let plan = planned(
+            &d,
+            &facts(false),
+            Ways {
+                prune_models: true,
+                allow_downtime: false,
+            },
+        );
+        assert_eq!(conflict(&plan), None);
+        // The removal comes before the download.
+        assert_eq!(plan.changes[0].action, Action::Delete);
+        assert_eq!(plan.changes[1].kind, "model");
+    }
+
+    #[test]
+    fn a_folder_a_running_service_holds_frees_space_only_with_allow_downtime() {
+        let d = target(vec![
+            gone("/shared/a", true),
+            ResourceSpec::Model(model("/shared/b")),
+        ]);
+        let ways = Ways {
+            prune_models: true,
+            allow_downtime: false,
+        };
+        let why = conflict(&planned(&d, &facts(true), ways)).unwrap();
+        assert!(why.contains("llm.service holds /shared/a"), "{why}");
+        assert!(
+            why.contains("pass --allow-downtime to stop it first"),
+            "{why}"
+        );
+        let plan = planned(
+            &d,
+            &facts(true),
+            Ways {
+                allow_downtime: true,
+                ..ways
+            },
+        );
+        assert_eq!(conflict(&plan), None);
+        let order: Vec<&str> = plan.changes.iter().map(|c| c.address.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "guest.t/service:llm.service",
+                "guest.t/model:/shared/a",
+                "guest.t/model:/shared/b"
+            ]
+        );
+    }
+
+    #[test]
+    fn what_fits_or_is_offline_is_left_alone() {
+        let d = target(vec![ResourceSpec::Model(model("/shared/b"))]);
+        let mut plan = super::super::diff_target(&d, &facts(false)).unwrap();
+        check(&d, &facts(false), &mut plan, Ways::default(), &|_| Ok(400)).unwrap();
+        assert_eq!(conflict(&plan), None);
+        assert!(
+            plan.changes[0]
+                .reasons
+                .iter()
+                .any(|r| r == "400 B to fetch, 500 B free on /shared")
+        );
+        let mut offline = super::super::diff_target(&d, &Facts::Empty).unwrap();
+        check(&d, &Facts::Empty, &mut offline, Ways::default(), &|_| {
+            Ok(1000)
+        })
+        .unwrap();
+        assert_eq!(conflict(&offline), None);
+        assert!(
+            offline.changes[0]
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("size not known offline"))
+        );
+    }
+
+    #[test]
+    fn an_exec_start_names_a_folder_not_a_longer_one() {
+        assert!(names_path("argv[]=/s --model /shared/a ;", "/shared/a"));
+        assert!(names_path("argv[]=/s --model=/shared/a/ ;", "/shared/a"));
+        assert!(!names_path("argv[]=/s --model /shared/ab ;", "/shared/a"));
+    }
+}
