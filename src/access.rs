@@ -168,12 +168,13 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         };
         let mut out = HashMap::new();
         for p in probes {
-            if let Probe::PveCreated {} = p {
+            if let Probe::PveCreated(crate::resources::container::PveCreatedProbe {}) = p {
                 let created = container::created(api, &listing, &self.owner).map_err(boxed)?;
                 out.insert(p.clone(), Fact::PveCreated(Some(created)));
                 continue;
             }
-            let Probe::PveContainer { vmid } = p else {
+            let Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid }) = p
+            else {
                 return Err(AccessError::Unsupported {
                     target: self.describe(),
                     what: format!("{p:?}"),

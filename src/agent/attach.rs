@@ -24,69 +24,12 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 /// One request to the agent, answered within the given time: its events.
 pub type Call<'a> = dyn Fn(&Request, Duration) -> Result<Vec<Event>, AgentError> + 'a;
 
-/// How long a step may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
-    /// At most this long in all.
-    Total(Duration),
-    /// No limit in all, but at most this long without progress: a new byte, or a file
-    /// already there checked. Retries and other lines are not progress.
-    Stall(Duration),
-    /// No limit in all, but at most this long without any progress event of the step
-    /// (the health gate reports at least every [`crate::health::watch::HEARTBEAT`] and ends
-    /// itself on a hang; this catches a gate that stopped reporting).
-    Quiet(Duration),
-}
+pub use crate::resources::model::DOWNLOAD_STALL;
+pub use crate::resources::wire::Limit;
 
-/// How long a download may go without a byte before it counts as stalled, unless
-/// `PROVISION_DOWNLOAD_STALL_SECS` says otherwise.
-pub const DOWNLOAD_STALL: Duration = Duration::from_secs(10 * 60);
-
-fn download_stall() -> Duration {
-    std::env::var("PROVISION_DOWNLOAD_STALL_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map_or(DOWNLOAD_STALL, Duration::from_secs)
-}
-
-/// A step's limit: from the inventory where it says (a service's health gate), else a
-/// default generous enough for the slowest honest case (SGLang's build, torch's wheels).
+/// A step's limit: its kind's ([`crate::resources::wire::AgentStep::limit`]).
 pub fn limit(step: &Step) -> Limit {
-    let min = |m: u64| Duration::from_secs(m * 60);
-    match step {
-        Step::ModelPull(_) => Limit::Stall(download_stall()),
-        // A load that keeps making progress is waited for past its deadline (a cold first
-        // start can take longer than any guess): the gate itself calls a hang.
-        Step::DeployService(d) => match &d.service.readiness {
-            Some(_) => Limit::Quiet(min(10)),
-            None => Limit::Total(min(15)),
-        },
-        Step::Preflight(_) => Limit::Total(min(30)),
-        Step::AptInstall { .. } => Limit::Total(min(120)),
-        Step::PipInstall { .. } => Limit::Total(min(240)),
-        Step::GitCheckout { .. } => Limit::Total(min(60)),
-        Step::CreateVenv { .. } => Limit::Total(min(30)),
-        Step::WriteFile { .. }
-        | Step::Mkdir { .. }
-        | Step::AptKey { .. }
-        | Step::InstallTool(_) => Limit::Total(min(5)),
-        Step::Zfs(_) | Step::NodeUnit { .. } => Limit::Total(min(10)),
-        // The installer builds kernel modules.
-        Step::InstallDriver { .. } => Limit::Total(min(60)),
-        // A 400 MB download on the node.
-        Step::FetchInstaller { .. } => Limit::Total(min(30)),
-        // The pushed `.run` checked and its libraries copied (no module built).
-        Step::InstallUserspace { .. } => Limit::Total(min(15)),
-        // Importing torch and SGLang from a cold disk takes a minute or two.
-        Step::ImportCheck(_) => Limit::Total(min(15)),
-        Step::Record(_) => Limit::Total(min(5)),
-        // A server's stop (systemd's own stop timeout), or a model folder's files deleted.
-        Step::Remove(_) => Limit::Total(min(10)),
-        // Renames, and the removal of a pruned generation's folders.
-        Step::SwitchGeneration { .. } => Limit::Total(min(30)),
-        // Health gates, as a deploy's.
-        Step::RollbackGeneration { .. } => Limit::Quiet(min(10)),
-    }
+    step.limit()
 }
 
 /// How long the client keeps trying to reach a target that dropped the connection.
@@ -507,13 +450,13 @@ mod tests {
 
     #[test]
     fn downloads_have_a_stall_limit_and_writes_a_total() {
-        let write = Step::WriteFile {
+        let write = Step::WriteFile(crate::resources::file::WriteFileStep {
             path: "/a".into(),
             content: String::new(),
             owner: "root".into(),
             group: "root".into(),
             mode: 0o644,
-        };
+        });
         assert_eq!(limit(&write), Limit::Total(Duration::from_secs(300)));
         assert_eq!(human(Duration::from_secs(600)), "10m");
         assert_eq!(human(Duration::from_secs(7200)), "2h");

@@ -115,7 +115,9 @@ pub fn rollback(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<Exit
             replanned: None,
         };
         let writer = conns.writer(&plan, None).map_err(from_session)?;
-        let outcomes = writer.run(&[Op::Guest(Step::RollbackGeneration { services })])?;
+        let outcomes = writer.run(&[Op::Guest(Step::RollbackGeneration(
+            crate::resources::generation::RollbackGenerationStep { services },
+        ))])?;
         for o in outcomes {
             match &o.error {
                 None => {

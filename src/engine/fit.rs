@@ -55,9 +55,9 @@ pub fn check(
         let ResourceSpec::Model(m) = &c.spec else {
             continue;
         };
-        let Some(fs) = facts.free_space(&Probe::FreeSpace {
+        let Some(fs) = facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
             path: m.path.clone(),
-        })?
+        }))?
         else {
             continue;
         };
@@ -70,9 +70,9 @@ pub fn check(
             }
         };
         let have = facts
-            .folder_size(&Probe::FolderSize {
+            .folder_size(&Probe::FolderSize(crate::resources::managed::FolderSizeProbe {
                 path: m.path.clone(),
-            })?
+            }))?
             .copied()
             .unwrap_or(0);
         let fetch = total.saturating_sub(have);
@@ -105,7 +105,7 @@ pub fn check(
         let Some(bytes) = removal.model_bytes(facts)? else {
             continue;
         };
-        let Some(fs) = facts.free_space(&Probe::FreeSpace { path: path.clone() })? else {
+        let Some(fs) = facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe { path: path.clone() }))? else {
             continue;
         };
         gone.entry(fs.fsid).or_default().push(Gone {
@@ -242,7 +242,7 @@ fn holders(map: &std::collections::HashMap<Probe, Fact>, path: &str) -> Vec<Stri
     let mut units: Vec<String> = map
         .iter()
         .filter_map(|(p, f)| match (p, f) {
-            (Probe::Unit { name }, Fact::Unit(Some(u))) => {
+            (Probe::Unit(crate::resources::service::UnitProbe { name }), Fact::Unit(Some(u))) => {
                 let prop = |k: &str| u.properties.get(k).map_or("", String::as_str);
                 let running = !matches!(prop("ActiveState"), "inactive" | "failed" | "");
                 (running && names_path(prop("ExecStart"), path)).then(|| name.clone())
@@ -335,39 +335,39 @@ mod tests {
         Facts::Read(
             [
                 (
-                    Probe::Model {
+                    Probe::Model(crate::resources::model::ModelProbe {
                         path: "/shared/b".into(),
-                    },
+                    }),
                     Fact::Model(None),
                 ),
                 (
-                    Probe::FreeSpace {
+                    Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
                         path: "/shared/b".into(),
-                    },
+                    }),
                     fs(500),
                 ),
                 (
-                    Probe::FreeSpace {
+                    Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
                         path: "/shared/a".into(),
-                    },
+                    }),
                     fs(500),
                 ),
                 (
-                    Probe::FolderSize {
+                    Probe::FolderSize(crate::resources::managed::FolderSizeProbe {
                         path: "/shared/b".into(),
-                    },
+                    }),
                     Fact::FolderSize(None),
                 ),
                 (
-                    Probe::FolderSize {
+                    Probe::FolderSize(crate::resources::managed::FolderSizeProbe {
                         path: "/shared/a".into(),
-                    },
+                    }),
                     Fact::FolderSize(Some(600)),
                 ),
                 (
-                    Probe::Unit {
+                    Probe::Unit(crate::resources::service::UnitProbe {
                         name: "llm.service".into(),
-                    },
+                    }),
                     Fact::Unit(Some(unit)),
                 ),
             ]

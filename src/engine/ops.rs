@@ -190,7 +190,13 @@ mod tests {
         };
         assert_eq!(first.entries, [kept.entries[0].clone(), gone.entry.clone()]);
         assert_eq!(steps[1], &Step::Remove(gone));
-        assert!(matches!(steps[2], Step::WriteFile { .. }), "{steps:?}");
+        assert!(
+            matches!(
+                steps[2],
+                Step::WriteFile(crate::resources::file::WriteFileStep { .. })
+            ),
+            "{steps:?}"
+        );
         assert_eq!(steps[3], &Step::Record(kept));
     }
 
@@ -252,7 +258,7 @@ mod tests {
         let ops = ops_of(&t, &allowed, &mut unsupported);
         assert!(unsupported.is_empty(), "{unsupported:?}");
         assert!(
-            matches!(&ops[..], [Op::Guest(Step::InstallDriver { .. }), Op::Guest(Step::NodeUnit { unit, .. })] if unit == "nvidia-persistenced.service"),
+            matches!(&ops[..], [Op::Guest(Step::InstallDriver(crate::resources::nvidia_host::InstallDriverStep { .. })), Op::Guest(Step::NodeUnit(crate::resources::nvidia_host::NodeUnitStep { unit, .. }))] if unit == "nvidia-persistenced.service"),
             "{ops:?}"
         );
         // The typed delta decides, not the attribute's label: a change that shows `driver`
@@ -271,7 +277,12 @@ mod tests {
         );
         assert!(unsupported.is_empty(), "{unsupported:?}");
         assert!(
-            matches!(&ops[..], [Op::Guest(Step::NodeUnit { .. })]),
+            matches!(
+                &ops[..],
+                [Op::Guest(Step::NodeUnit(
+                    crate::resources::nvidia_host::NodeUnitStep { .. }
+                ))]
+            ),
             "{ops:?}"
         );
     }
@@ -310,7 +321,12 @@ mod tests {
             &mut unsupported,
         );
         assert!(
-            matches!(&ops[..], [Op::Guest(Step::Mkdir { .. })]),
+            matches!(
+                &ops[..],
+                [Op::Guest(Step::Mkdir(
+                    crate::resources::directory::MkdirStep { .. }
+                ))]
+            ),
             "{ops:?}"
         );
     }

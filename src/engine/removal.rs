@@ -49,8 +49,18 @@ pub fn containers(u: &Undeclared, read: &Read) -> (Vec<TargetPlan>, Vec<(Target,
         };
         let found = read(&lister)
             .map_err(EngineError::Open)
-            .and_then(|r| Ok(r.read(&[Probe::PveCreated {}])?))
-            .and_then(|facts| Ok(facts.pve_created(&Probe::PveCreated {})?.cloned()));
+            .and_then(|r| {
+                Ok(r.read(&[Probe::PveCreated(
+                    crate::resources::container::PveCreatedProbe {},
+                )])?)
+            })
+            .and_then(|facts| {
+                Ok(facts
+                    .pve_created(&Probe::PveCreated(
+                        crate::resources::container::PveCreatedProbe {},
+                    ))?
+                    .cloned())
+            });
         let created = match found {
             Ok(c) => c.unwrap_or_default(),
             Err(e) => {
@@ -114,7 +124,9 @@ fn undeclared_plan(
             role: None,
         }],
     };
-    let probes = vec![Probe::PveContainer { vmid }];
+    let probes = vec![Probe::PveContainer(
+        crate::resources::container::PveContainerProbe { vmid },
+    )];
     let facts = Facts::Read([(probes[0].clone(), Fact::PveContainer(Some(fact)))].into());
     let mut plan = super::diff_target(&d, &facts)?;
     plan.read = Some(ReadStamp {
@@ -147,13 +159,15 @@ pub fn read_target(
 ) -> Result<(DesiredTarget, Facts, Vec<Probe>), EngineError> {
     let mut probes = d.probes();
     let guest = matches!(d.target, Target::Guest { .. });
-    if guest && !probes.contains(&Probe::Managed {}) {
-        probes.push(Probe::Managed {});
+    if guest && !probes.contains(&Probe::Managed(crate::resources::managed::ManagedProbe {})) {
+        probes.push(Probe::Managed(crate::resources::managed::ManagedProbe {}));
     }
     let mut facts = reader.read(&probes)?;
     let mut d = d.clone();
     let record = match guest {
-        true => facts.managed(&Probe::Managed {})?.cloned(),
+        true => facts
+            .managed(&Probe::Managed(crate::resources::managed::ManagedProbe {}))?
+            .cloned(),
         false => None,
     };
     if let Some(record) = record {
@@ -229,15 +243,15 @@ mod tests {
         let facts = Facts::Read(
             [
                 (
-                    Probe::FolderSize {
+                    Probe::FolderSize(crate::resources::managed::FolderSizeProbe {
                         path: "/m/old".into(),
-                    },
+                    }),
                     Fact::FolderSize(Some(10)),
                 ),
                 (
-                    Probe::Unit {
+                    Probe::Unit(crate::resources::service::UnitProbe {
                         name: "old.service".into(),
-                    },
+                    }),
                     Fact::Unit(None),
                 ),
             ]

@@ -63,13 +63,17 @@ impl<R: TargetReader> TargetReader for NodeReader<R> {
     /// The API's probes in one storage listing per storage, the rest in one agent round
     /// trip; an agent is started only when there is something for it.
     fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
-        let (api, agent): (Vec<&Probe>, Vec<&Probe>) = probes
-            .iter()
-            .partition(|p| matches!(p, Probe::PveTemplate { .. }));
+        let (api, agent): (Vec<&Probe>, Vec<&Probe>) = probes.iter().partition(|p| {
+            matches!(
+                p,
+                Probe::PveTemplate(crate::resources::template::PveTemplateProbe { .. })
+            )
+        });
         let mut out: HashMap<Probe, Fact> = HashMap::new();
         let mut listings = HashMap::new();
         for p in api {
-            let Probe::PveTemplate { volume } = p else {
+            let Probe::PveTemplate(crate::resources::template::PveTemplateProbe { volume }) = p
+            else {
                 continue;
             };
             let storage = volume.split_once(':').map_or("local", |(s, _)| s);

@@ -46,10 +46,12 @@ impl NodeSide {
         sha256: &str,
     ) -> Result<Vec<OpOutcome>, AccessError> {
         let started = Instant::now();
-        let fetch = Op::Guest(Step::FetchInstaller {
-            url: url.to_string(),
-            sha256: sha256.to_string(),
-        });
+        let fetch = Op::Guest(Step::FetchInstaller(
+            crate::resources::gpu_userspace::FetchInstallerStep {
+                url: url.to_string(),
+                sha256: sha256.to_string(),
+            },
+        ));
         let mut outcomes = self.agent.run(std::slice::from_ref(&fetch))?;
         if outcomes.len() != 1 || outcomes[0].error.is_some() {
             return Ok(outcomes);
@@ -212,11 +214,13 @@ mod tests {
                 url: url.into(),
                 sha256: "AB".repeat(32),
             }),
-            Op::Guest(Step::InstallUserspace {
-                url: url.into(),
-                sha256: "ab".into(),
-                version: "580.159.04".into(),
-            }),
+            Op::Guest(Step::InstallUserspace(
+                crate::resources::gpu_userspace::InstallUserspaceStep {
+                    url: url.into(),
+                    sha256: "ab".into(),
+                    version: "580.159.04".into(),
+                },
+            )),
         ]
     }
 

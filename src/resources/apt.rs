@@ -39,13 +39,13 @@ impl Resource for AptSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Packages {
+        vec![Probe::Packages(PackagesProbe {
             names: self
                 .packages
                 .iter()
                 .map(|p| Self::split(p).0.to_string())
                 .collect(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -77,9 +77,9 @@ impl Resource for AptSpec {
 
     fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
         // One transaction for all of them; apt leaves the ones already right alone.
-        guest(vec![Step::AptInstall {
+        guest(vec![Step::AptInstall(AptInstallStep {
             packages: self.packages.clone(),
-        }])
+        })])
     }
 }
 
@@ -169,6 +169,47 @@ fn signature_hint(e: HostError) -> HostError {
             }
         }
         other => other,
+    }
+}
+
+/// Probe: installed versions of Debian packages.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PackagesProbe {
+    /// Package names.
+    pub names: Vec<String>,
+}
+
+impl crate::resources::wire::AgentProbe for PackagesProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Packages(Some(packages(
+            &self.names,
+        )?)))
+    }
+}
+
+/// Step: install Debian packages in one non-interactive transaction.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AptInstallStep {
+    /// `name` or `name=version`.
+    pub packages: Vec<String>,
+}
+
+impl crate::resources::wire::AgentStep for AptInstallStep {
+    fn describe(&self) -> String {
+        format!("apt-get install {}", self.packages.join(" "))
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        install(&self.packages)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(120))
     }
 }
 

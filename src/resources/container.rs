@@ -371,7 +371,7 @@ impl Resource for ContainerSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::PveContainer { vmid: self.vmid }]
+        vec![Probe::PveContainer(PveContainerProbe { vmid: self.vmid })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -509,6 +509,21 @@ impl PveContainerFact {
     }
 }
 
+/// Probe: a container's Proxmox configuration (through the node's API).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PveContainerProbe {
+    /// vmid.
+    pub vmid: u64,
+}
+
+impl crate::resources::wire::AgentProbe for PveContainerProbe {}
+
+/// Probe: the node's containers whose marker says provision created them at their vmid (through the node's API): those no container of the inventory is are named.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PveCreatedProbe {}
+
+impl crate::resources::wire::AgentProbe for PveCreatedProbe {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,7 +634,7 @@ mod tests {
         // The API's part converges without touching mp0; the lines match Proxmox's form.
         assert_eq!(s.update_delta(&found(true)), None);
         let facts = Facts::Read(std::collections::HashMap::from([(
-            Probe::PveContainer { vmid: 129 },
+            Probe::PveContainer(PveContainerProbe { vmid: 129 }),
             super::super::wire::Fact::PveContainer(Some(found(true))),
         )]));
         assert_eq!(lines.diff(&facts).unwrap(), None);

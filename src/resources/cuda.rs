@@ -34,9 +34,9 @@ impl Resource for CudaSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Cuda {
+        vec![Probe::Cuda(CudaProbe {
             home: self.home.clone(),
-        }]
+        })]
     }
 
     /// The declared release is what the toolkit's compiler reports, and what its
@@ -124,6 +124,25 @@ pub fn parse_nvcc_release(text: &str) -> Option<String> {
         .find_map(|l| l.split_once("release ").map(|(_, r)| r))
         .and_then(|r| r.split(',').next())
         .map(|r| r.trim().to_string())
+}
+
+/// Probe: a CUDA toolkit: its release from `version.json` and `nvcc --version`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct CudaProbe {
+    /// The toolkit's home.
+    pub home: String,
+}
+
+impl crate::resources::wire::AgentProbe for CudaProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Cuda(read(
+            std::path::Path::new(&self.home),
+        )))
+    }
 }
 
 #[cfg(test)]

@@ -36,9 +36,9 @@ impl Resource for DirectorySpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Path {
+        vec![Probe::Path(crate::resources::file::PathProbe {
             path: self.path.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -61,12 +61,12 @@ impl Resource for DirectorySpec {
     }
 
     fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::Mkdir {
+        guest(vec![Step::Mkdir(MkdirStep {
             path: self.path.clone(),
             owner: self.owner.clone(),
             group: self.group.clone(),
             mode: self.mode,
-        }])
+        })])
     }
 }
 
@@ -74,4 +74,37 @@ impl Resource for DirectorySpec {
 pub fn mkdir(path: &Path, owner: &str, group: &str, mode: u32) -> Result<(), HostError> {
     fs::create_dir_all(path).map_err(HostError::io("create", path))?;
     crate::machine::set_owner_mode(path, owner, group, mode)
+}
+
+/// Step: make a directory (and its parents) with owner and mode.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MkdirStep {
+    /// Absolute path.
+    pub path: String,
+    /// Owner name.
+    pub owner: String,
+    /// Group name.
+    pub group: String,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl crate::resources::wire::AgentStep for MkdirStep {
+    fn describe(&self) -> String {
+        format!("mkdir {}", self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        mkdir(
+            std::path::Path::new(&self.path),
+            &self.owner,
+            &self.group,
+            self.mode,
+        )?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(5))
+    }
 }

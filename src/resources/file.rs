@@ -48,9 +48,9 @@ impl Resource for FileSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Path {
+        vec![Probe::Path(PathProbe {
             path: self.path.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -91,13 +91,13 @@ impl Resource for FileSpec {
     }
 
     fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::WriteFile {
+        guest(vec![Step::WriteFile(WriteFileStep {
             path: self.path.clone(),
             content: self.content.clone(),
             owner: self.owner.clone(),
             group: self.group.clone(),
             mode: self.mode,
-        }])
+        })])
     }
 }
 
@@ -201,6 +201,80 @@ fn read_path(path: &Path, hash: bool) -> Result<Option<PathFact>, HostError> {
         }
     }
     Ok(Some(fact))
+}
+
+/// Probe: a path's type, owner, mode, and for files size, sha256 and (small text) content.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PathProbe {
+    /// Absolute path.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for PathProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Path(path_fact(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+/// Probe: a path's type, owner, mode and size, without reading it (a content-addressed tool).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct StatProbe {
+    /// Absolute path.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for StatProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Path(stat_fact(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+/// Step: write a file atomically and verify it by reading it back.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WriteFileStep {
+    /// Absolute path.
+    pub path: String,
+    /// Content.
+    pub content: String,
+    /// Owner name.
+    pub owner: String,
+    /// Group name.
+    pub group: String,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl crate::resources::wire::AgentStep for WriteFileStep {
+    fn describe(&self) -> String {
+        format!("write {}", self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        crate::machine::write_file_atomic(
+            std::path::Path::new(&self.path),
+            self.content.as_bytes(),
+            &self.owner,
+            &self.group,
+            self.mode,
+        )?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(5))
+    }
 }
 
 #[cfg(test)]

@@ -57,9 +57,9 @@ pub fn read(stables: &[String]) -> Result<GenerationFact, crate::machine::HostEr
 
 impl GenerationSpec {
     fn probe(&self) -> Probe {
-        Probe::Generation {
+        Probe::Generation(GenerationProbe {
             stables: self.links.keys().cloned().collect(),
-        }
+        })
     }
 }
 
@@ -158,10 +158,10 @@ impl Resource for GenerationSpec {
     }
 
     fn ops(&self, _change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::SwitchGeneration {
+        guest(vec![Step::SwitchGeneration(SwitchGenerationStep {
             links: self.links.clone(),
             units: Vec::new(),
-        }])
+        })])
     }
 }
 
@@ -173,7 +173,7 @@ impl Resource for GenerationSpec {
 pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
     let (mut switches, rest): (Vec<Step>, Vec<Step>) = steps
         .into_iter()
-        .partition(|s| matches!(s, Step::SwitchGeneration { .. }));
+        .partition(|s| matches!(s, Step::SwitchGeneration(SwitchGenerationStep { .. })));
     // Unit file -> the generation its service runs on (the links its preflight names).
     let runs_on: BTreeMap<String, BTreeMap<String, String>> = rest
         .iter()
@@ -189,24 +189,28 @@ pub fn switch_last(steps: Vec<Step>) -> Vec<Step> {
     let mut kept = Vec::with_capacity(rest.len());
     for step in rest {
         let unit = match &step {
-            Step::WriteFile {
+            Step::WriteFile(crate::resources::file::WriteFileStep {
                 path,
                 content,
                 owner,
                 group,
                 mode,
-            } => runs_on.get(path).and_then(|links| {
+            }) => runs_on.get(path).and_then(|links| {
                 switches.iter_mut().find_map(|s| match s {
-                    Step::SwitchGeneration { links: l, units } if l == links => Some((
-                        units,
-                        UnitFile {
-                            path: path.clone(),
-                            content: content.clone(),
-                            owner: owner.clone(),
-                            group: group.clone(),
-                            mode: *mode,
-                        },
-                    )),
+                    Step::SwitchGeneration(SwitchGenerationStep { links: l, units })
+                        if l == links =>
+                    {
+                        Some((
+                            units,
+                            UnitFile {
+                                path: path.clone(),
+                                content: content.clone(),
+                                owner: owner.clone(),
+                                group: group.clone(),
+                                mode: *mode,
+                            },
+                        ))
+                    }
                     _ => None,
                 })
             }),
@@ -236,18 +240,98 @@ pub fn switch(
     Ok(())
 }
 
+/// Probe: what an ml-env's stable paths are (symlinks to a generation, real folders) and the generations record's word on them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct GenerationProbe {
+    /// The stable paths.
+    pub stables: Vec<String>,
+}
+
+impl crate::resources::wire::AgentProbe for GenerationProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Generation(Some(read(
+            &self.stables,
+        )?)))
+    }
+}
+
+/// Step: point an ml-env's stable paths at a built generation (one rename each), adopting a real folder found there; record it and prune old generations.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SwitchGenerationStep {
+    /// Stable path -> the generation's folder.
+    pub links: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The unit files of the services on it, written as part of the switch (pinned to the generation's folders while the links move), not before it.
+    pub units: Vec<crate::generations::UnitFile>,
+}
+
+impl crate::resources::wire::AgentStep for SwitchGenerationStep {
+    fn describe(&self) -> String {
+        format!(
+            "switch {} to generation {}",
+            self.links.keys().cloned().collect::<Vec<_>>().join(", "),
+            self.links
+                .values()
+                .map(|d| crate::generations::short(d))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        switch(&self.links, &self.units)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(30))
+    }
+}
+
+/// Step: `provision rollback`: the services of an ml-env back on the previous generation that passed its gate, gated again.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RollbackGenerationStep {
+    /// The services, as the inventory declares them (their health gates).
+    pub services: Vec<crate::resources::service::ServiceSpec>,
+}
+
+impl crate::resources::wire::AgentStep for RollbackGenerationStep {
+    fn describe(&self) -> String {
+        format!(
+            "roll {} back to the previous generation and wait until ready",
+            self.services
+                .iter()
+                .map(|s| s.unit.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        Ok(serde_json::to_value(crate::resources::service::deploy::rollback(&self.services)?).ok())
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Quiet(crate::resources::wire::minutes(10))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn write(path: &str) -> Step {
-        Step::WriteFile {
+        Step::WriteFile(crate::resources::file::WriteFileStep {
             path: path.into(),
             content: "[Service]\n".into(),
             owner: "root".into(),
             group: "root".into(),
             mode: 0o644,
-        }
+        })
     }
 
     #[test]
@@ -282,17 +366,17 @@ mod tests {
         let steps = vec![
             write(unit),
             write("/etc/other.conf"),
-            Step::SwitchGeneration {
+            Step::SwitchGeneration(SwitchGenerationStep {
                 links: links.clone(),
                 units: Vec::new(),
-            },
+            }),
             deploy.clone(),
         ];
         let out = switch_last(steps);
         assert_eq!(out.len(), 3, "{out:?}");
         assert_eq!(out[0], write("/etc/other.conf"));
         match &out[1] {
-            Step::SwitchGeneration { links: l, units } => {
+            Step::SwitchGeneration(SwitchGenerationStep { links: l, units }) => {
                 assert_eq!(l, &links);
                 assert_eq!(units.len(), 1);
                 assert_eq!(units[0].path, unit);

@@ -33,9 +33,9 @@ impl Resource for GitCheckoutSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Git {
+        vec![Probe::Git(GitProbe {
             path: self.path.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -76,11 +76,11 @@ impl Resource for GitCheckoutSpec {
     }
 
     fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::GitCheckout {
+        guest(vec![Step::GitCheckout(GitCheckoutStep {
             repo: self.repo.clone(),
             revision: self.revision.clone(),
             path: self.path.clone(),
-        }])
+        })])
     }
 }
 
@@ -209,6 +209,51 @@ pub fn checkout(repo: &str, revision: &str, path: &str) -> Result<(), HostError>
     }
     git(&["checkout", "--quiet", "--force", "--detach", revision])?;
     git(&["reset", "--quiet", "--hard", revision])
+}
+
+/// Probe: a git checkout: HEAD commit, origin URL, local changes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct GitProbe {
+    /// The checkout's folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for GitProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Git(read(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+/// Step: check out a commit of a repository (cloning first if needed), discarding local changes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GitCheckoutStep {
+    /// Repository URL.
+    pub repo: String,
+    /// Commit.
+    pub revision: String,
+    /// The checkout's folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentStep for GitCheckoutStep {
+    fn describe(&self) -> String {
+        format!("git checkout {} in {}", self.revision, self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        checkout(&self.repo, &self.revision, &self.path)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(60))
+    }
 }
 
 #[cfg(test)]

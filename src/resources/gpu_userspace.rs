@@ -80,7 +80,7 @@ pub struct UserspaceFact {
 
 impl GpuUserspaceSpec {
     fn probe() -> Probe {
-        Probe::GpuUserspace {}
+        Probe::GpuUserspace(GpuUserspaceProbe {})
     }
 
     /// Why the declared source cannot install `version`, if it cannot.
@@ -211,15 +211,15 @@ impl Resource for GpuUserspaceSpec {
                     url: i.url.clone(),
                     sha256: i.sha256.clone(),
                 }),
-                Op::Guest(Step::InstallUserspace {
+                Op::Guest(Step::InstallUserspace(InstallUserspaceStep {
                     url: i.url.clone(),
                     sha256: i.sha256.clone(),
                     version: self.version.clone(),
-                }),
+                })),
             ],
-            None => guest([Step::AptInstall {
+            None => guest([Step::AptInstall(crate::resources::apt::AptInstallStep {
                 packages: self.packages.clone(),
-            }])?,
+            })])?,
         })
     }
 }
@@ -386,6 +386,74 @@ pub(crate) fn download(url: &str, part: &Path) -> Result<String, HostError> {
         out.sync_all().map_err(HostError::io("sync", part))?;
         Ok::<_, HostError>(hex::encode(hasher.finalize()))
     })
+}
+
+/// Probe: the NVIDIA userspace driver in a container: the versions its libraries resolve to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct GpuUserspaceProbe {}
+
+impl crate::resources::wire::AgentProbe for GpuUserspaceProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::GpuUserspace(read()))
+    }
+}
+
+/// Step: on the node, have NVIDIA's `.run` in the node's cache with its sha256 (downloaded unless a verified copy is there), to be pushed into a container.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FetchInstallerStep {
+    /// Where it is downloaded from.
+    pub url: String,
+    /// Its sha256.
+    pub sha256: String,
+}
+
+impl crate::resources::wire::AgentStep for FetchInstallerStep {
+    fn describe(&self) -> String {
+        format!("fetch {} into the node's cache (sha256 checked)", self.url)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        fetch(&self.url, &self.sha256)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(30))
+    }
+}
+
+/// Step: in the container, check the `.run` the node pushed against its sha256 again and run it without the kernel module.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InstallUserspaceStep {
+    /// Where the node downloaded it from (names the pushed file).
+    pub url: String,
+    /// Its sha256.
+    pub sha256: String,
+    /// The version it must leave installed.
+    pub version: String,
+}
+
+impl crate::resources::wire::AgentStep for InstallUserspaceStep {
+    fn describe(&self) -> String {
+        format!(
+            "install NVIDIA userspace {} without the kernel module ({} pushed by the node)",
+            self.version,
+            file_name(&self.url)
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        install(&self.url, &self.sha256, &self.version)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(15))
+    }
 }
 
 #[cfg(test)]

@@ -48,15 +48,15 @@ impl ImportCheckSpec {
     }
 
     fn venv_probe(&self) -> Probe {
-        Probe::Venv {
+        Probe::Venv(crate::resources::venv::VenvProbe {
             path: self.venv.clone(),
-        }
+        })
     }
 
     fn packages_probe(&self) -> Probe {
-        Probe::Packages {
+        Probe::Packages(crate::resources::apt::PackagesProbe {
             names: self.packages.clone(),
-        }
+        })
     }
 
     /// What a passed check records: the modules, the compile flag, every installed
@@ -92,9 +92,9 @@ impl Resource for ImportCheckSpec {
     fn probes(&self) -> Vec<Probe> {
         let mut p = vec![
             self.venv_probe(),
-            Probe::Path {
+            Probe::Path(crate::resources::file::PathProbe {
                 path: self.marker(),
-            },
+            }),
         ];
         if !self.packages.is_empty() {
             p.push(self.packages_probe());
@@ -104,9 +104,9 @@ impl Resource for ImportCheckSpec {
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
         let venv = facts.venv(&self.venv_probe())?;
-        let marker = facts.path(&Probe::Path {
+        let marker = facts.path(&Probe::Path(crate::resources::file::PathProbe {
             path: self.marker(),
-        })?;
+        }))?;
         let packages = if self.packages.is_empty() {
             Default::default()
         } else {
@@ -202,4 +202,28 @@ pub fn run(spec: &ImportCheckSpec) -> Result<(), StepError> {
         0o644,
     )?;
     Ok(())
+}
+
+impl crate::resources::wire::AgentStep for ImportCheckSpec {
+    fn describe(&self) -> String {
+        format!(
+            "import {} in {}{}",
+            self.modules.join(", "),
+            self.venv,
+            if self.compile {
+                " and compile a C helper against Python.h"
+            } else {
+                ""
+            }
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        run(self)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(15))
+    }
 }

@@ -237,14 +237,22 @@ impl Resource for Removal {
 
     fn probes(&self) -> Vec<Probe> {
         let mut probes = vec![match &self.entry {
-            Entry::File { path, .. } => Probe::Path { path: path.clone() },
-            Entry::Service { unit } => Probe::Unit { name: unit.clone() },
-            Entry::Model { path, .. } => Probe::FolderSize { path: path.clone() },
-            Entry::Container { vmid, .. } => Probe::PveContainer { vmid: *vmid },
+            Entry::File { path, .. } => {
+                Probe::Path(crate::resources::file::PathProbe { path: path.clone() })
+            }
+            Entry::Service { unit } => {
+                Probe::Unit(crate::resources::service::UnitProbe { name: unit.clone() })
+            }
+            Entry::Model { path, .. } => Probe::FolderSize(FolderSizeProbe { path: path.clone() }),
+            Entry::Container { vmid, .. } => {
+                Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid: *vmid })
+            }
         }];
         // Which filesystem a folder's deletion frees space on (the plan's fit check).
         if let Entry::Model { path, .. } = &self.entry {
-            probes.push(Probe::FreeSpace { path: path.clone() });
+            probes.push(Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
+                path: path.clone(),
+            }));
         }
         probes
     }
@@ -434,6 +442,78 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
         }
     }
     Ok(())
+}
+
+/// Probe: the guest's record of what provision manages on it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ManagedProbe {}
+
+impl crate::resources::wire::AgentProbe for ManagedProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Managed(read()?))
+    }
+}
+
+/// Probe: the bytes of the files under a folder (a model no longer declared).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FolderSizeProbe {
+    /// The folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for FolderSizeProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::FolderSize(folder_size(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+impl crate::resources::wire::AgentStep for Record {
+    fn describe(&self) -> String {
+        format!(
+            "record {} managed thing(s) in the agent's {}",
+            self.entries.len(),
+            RECORD_FILE
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        write(self)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(5))
+    }
+}
+
+impl crate::resources::wire::AgentStep for Removal {
+    fn describe(&self) -> String {
+        match &self.entry {
+            Entry::Service { unit } => format!("stop and disable {unit}"),
+            Entry::File { path, .. } => format!("remove {path}"),
+            Entry::Model { path, .. } => format!("delete model folder {path}"),
+            Entry::Container { vmid, .. } => format!("destroy CT {vmid}"),
+        }
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        remove(self)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(10))
+    }
 }
 
 #[cfg(test)]

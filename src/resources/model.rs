@@ -51,15 +51,15 @@ impl Resource for ModelSpec {
         // The record, then what a download needs beside it: the bytes already in the folder
         // and the free space where it is (the plan's fit check, `engine::fit`).
         vec![
-            Probe::Model {
+            Probe::Model(ModelProbe {
                 path: self.path.clone(),
-            },
-            Probe::FolderSize {
+            }),
+            Probe::FolderSize(super::managed::FolderSizeProbe {
                 path: self.path.clone(),
-            },
-            Probe::FreeSpace {
+            }),
+            Probe::FreeSpace(FreeSpaceProbe {
                 path: self.path.clone(),
-            },
+            }),
         ]
     }
 
@@ -194,6 +194,25 @@ pub fn free_space(path: &Path) -> Result<FreeSpace, crate::hub::HubError> {
         free,
         fsid,
     })
+}
+
+/// Probe: the free bytes of the filesystem that holds a path (or would: its nearest
+/// existing folder), for a model download planned there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FreeSpaceProbe {
+    /// The model's folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for FreeSpaceProbe {
+    fn answer(
+        &self,
+        _verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        Ok(crate::resources::wire::Fact::FreeSpace(Some(free_space(
+            Path::new(&self.path),
+        )?)))
+    }
 }
 
 /// A model folder's verification record, summarised for the planner: metadata only
@@ -420,5 +439,60 @@ impl crate::hub::ProgressSink for Reporter {
             }
             PullEvent::Resolved { .. } => {}
         }
+    }
+}
+
+/// How long a download may go without a byte before it counts as stalled, unless
+/// `PROVISION_DOWNLOAD_STALL_SECS` says otherwise.
+pub const DOWNLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+fn download_stall() -> std::time::Duration {
+    std::env::var("PROVISION_DOWNLOAD_STALL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(DOWNLOAD_STALL, std::time::Duration::from_secs)
+}
+
+/// Probe: a model folder's verification record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ModelProbe {
+    /// The model's folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for ModelProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Model(read(
+            std::path::Path::new(&self.path),
+            verify_full,
+        )?))
+    }
+}
+
+impl crate::resources::wire::AgentStep for ModelPull {
+    fn describe(&self) -> String {
+        if self.before_weights {
+            format!(
+                "download {}@{}'s small files (all but the weights) into {}, for the preflight",
+                self.repo, self.revision, self.dest
+            )
+        } else {
+            format!(
+                "download {}@{} into {}",
+                self.repo, self.revision, self.dest
+            )
+        }
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        ModelPull::run(self).map(|r| serde_json::to_value(r).ok())
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Stall(download_stall())
     }
 }

@@ -88,7 +88,7 @@ pub struct ZfsStep {
 
 impl ModelStorageSpec {
     fn probe(&self) -> Probe {
-        Probe::ModelStorage {
+        Probe::ModelStorage(ModelStorageProbe {
             path: self.path.clone(),
             dataset: self.zfs.as_ref().map(|z| z.dataset.clone()),
             properties: self
@@ -96,7 +96,7 @@ impl ModelStorageSpec {
                 .iter()
                 .flat_map(|z| z.properties.iter().map(|(k, _)| k.clone()))
                 .collect(),
-        }
+        })
     }
 }
 
@@ -268,12 +268,12 @@ impl Resource for ModelStorageSpec {
             return Err(StepsError::Refused(why.clone()));
         }
         guest(vec![match &self.zfs {
-            None => Step::Mkdir {
+            None => Step::Mkdir(crate::resources::directory::MkdirStep {
                 path: self.path.clone(),
                 owner: "root".into(),
                 group: "root".into(),
                 mode: 0o755,
-            },
+            }),
             Some(z) => Step::Zfs(ZfsStep {
                 spec: z.clone(),
                 path: self.path.clone(),
@@ -419,6 +419,46 @@ impl ZfsStep {
                 detail: format!("still needs: {}", left.join("; ")),
             })
         }
+    }
+}
+
+/// Probe: the node's model storage: what is at the path, and ZFS's view of the dataset.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ModelStorageProbe {
+    /// The directory or mountpoint.
+    pub path: String,
+    /// The dataset, when ZFS.
+    pub dataset: Option<String>,
+    /// The properties to read.
+    pub properties: Vec<String>,
+}
+
+impl crate::resources::wire::AgentProbe for ModelStorageProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::ModelStorage(read(
+            std::path::Path::new(&self.path),
+            self.dataset.as_deref(),
+            &self.properties,
+        )?))
+    }
+}
+
+impl crate::resources::wire::AgentStep for ZfsStep {
+    fn describe(&self) -> String {
+        format!("zfs dataset {} at {}", self.spec.dataset, self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        ZfsStep::run(self)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(10))
     }
 }
 

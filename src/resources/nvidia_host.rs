@@ -86,9 +86,9 @@ pub fn module_matches(have: &str, want: &str) -> bool {
 
 impl NvidiaHostSpec {
     fn probe(&self) -> Probe {
-        Probe::NvidiaHost {
+        Probe::NvidiaHost(NvidiaHostProbe {
             root: self.root.clone(),
-        }
+        })
     }
 
     /// The kernel command line words missing from `cmdline`.
@@ -229,26 +229,26 @@ impl Resource for NvidiaHostSpec {
                     "installing the NVIDIA driver needs a reboot of the node; it runs only with `apply --install-driver`".into(),
                 ));
             }
-            steps.push(Step::InstallDriver {
+            steps.push(Step::InstallDriver(InstallDriverStep {
                 root: self.root.clone(),
                 path: path.clone(),
                 sha256: sha256.clone(),
                 version: self.driver.clone(),
-            });
+            }));
         }
         if persistenced {
-            steps.push(Step::NodeUnit {
+            steps.push(Step::NodeUnit(NodeUnitStep {
                 root: self.root.clone(),
                 unit: PERSISTENCED.into(),
                 content: None,
-            });
+            }));
         }
         if uvm {
-            steps.push(Step::NodeUnit {
+            steps.push(Step::NodeUnit(NodeUnitStep {
                 root: self.root.clone(),
                 unit: UVM_UNIT.into(),
                 content: Some(UVM_UNIT_CONTENT.into()),
-            });
+            }));
         }
         guest(steps)
     }
@@ -432,6 +432,77 @@ pub(crate) fn unexpected(what: &str, detail: impl Into<String>) -> HostError {
     HostError::Unexpected {
         what: what.to_string(),
         detail: detail.into(),
+    }
+}
+
+/// Probe: the node's NVIDIA side under its root.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct NvidiaHostProbe {
+    /// The node's root prefix (empty on real nodes).
+    pub root: String,
+}
+
+impl crate::resources::wire::AgentProbe for NvidiaHostProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::NvidiaHost(read(&self.root)?))
+    }
+}
+
+/// Step: write (when `content`) and enable a systemd unit under the node's root; start it on a real node.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeUnitStep {
+    /// The node's root prefix (empty on real nodes).
+    pub root: String,
+    /// The unit.
+    pub unit: String,
+    /// Its file's content, when provision owns the file.
+    pub content: Option<String>,
+}
+
+impl crate::resources::wire::AgentStep for NodeUnitStep {
+    fn describe(&self) -> String {
+        format!("enable {} on the node", self.unit)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        setup_unit(&self.root, &self.unit, self.content.as_deref())?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(10))
+    }
+}
+
+/// Step: run the NVIDIA driver installer (only with `apply --install-driver`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InstallDriverStep {
+    /// The node's root prefix (empty on real nodes).
+    pub root: String,
+    /// The `.run` file.
+    pub path: String,
+    /// Its sha256.
+    pub sha256: String,
+    /// The version it installs.
+    pub version: String,
+}
+
+impl crate::resources::wire::AgentStep for InstallDriverStep {
+    fn describe(&self) -> String {
+        format!("install NVIDIA driver {} ({})", self.version, self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        install_driver(&self.root, &self.path, &self.sha256, &self.version)?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(60))
     }
 }
 

@@ -43,9 +43,9 @@ impl Resource for PipEditableSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Venv {
+        vec![Probe::Venv(crate::resources::venv::VenvProbe {
             path: self.venv.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -82,13 +82,15 @@ impl Resource for PipEditableSpec {
         } else {
             format!("{}[{}]", self.source, self.extras.join(","))
         };
-        guest(vec![Step::PipInstall {
-            venv: self.venv.clone(),
-            requirements: vec![source],
-            editable: true,
-            index: self.index.clone(),
-            uv: self.uv.clone(),
-        }])
+        guest(vec![Step::PipInstall(
+            crate::resources::pip_packages::PipInstallStep {
+                venv: self.venv.clone(),
+                requirements: vec![source],
+                editable: true,
+                index: self.index.clone(),
+                uv: self.uv.clone(),
+            },
+        )])
     }
 }
 

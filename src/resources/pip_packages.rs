@@ -160,9 +160,9 @@ impl Resource for PipPackagesSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Venv {
+        vec![Probe::Venv(crate::resources::venv::VenvProbe {
             path: self.venv.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -187,13 +187,13 @@ impl Resource for PipPackagesSpec {
     }
 
     fn ops(&self, _: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::PipInstall {
+        guest(vec![Step::PipInstall(PipInstallStep {
             venv: self.venv.clone(),
             requirements: self.packages.iter().map(ToString::to_string).collect(),
             editable: false,
             index: self.index.clone(),
             uv: self.uv.clone(),
-        }])
+        })])
     }
 }
 
@@ -275,6 +275,50 @@ pub fn install(
     }
     args.extend(requirements.iter().cloned());
     crate::machine::run(&format!("{venv}/bin/pip"), &args, &[])
+}
+
+/// Step: `pip install` into a venv.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PipInstallStep {
+    /// The venv's folder.
+    pub venv: String,
+    /// Requirements (`name==version`) or, with `editable`, the one source folder.
+    pub requirements: Vec<String>,
+    /// Install the (single) requirement as an editable source folder.
+    pub editable: bool,
+    #[serde(flatten)]
+    /// Where pip looks for packages.
+    pub index: PipIndex,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// uv's path on the target, when uv installs (else the venv's pip).
+    pub uv: Option<String>,
+}
+
+impl crate::resources::wire::AgentStep for PipInstallStep {
+    fn describe(&self) -> String {
+        format!(
+            "{}pip install{} {} into {}",
+            if self.uv.is_some() { "uv " } else { "" },
+            if self.editable { " -e" } else { "" },
+            self.requirements.join(" "),
+            self.venv
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        install(
+            &self.venv,
+            &self.requirements,
+            self.editable,
+            &self.index,
+            self.uv.as_deref(),
+        )?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(240))
+    }
 }
 
 #[cfg(test)]
@@ -389,9 +433,9 @@ mod tests {
             uv: false,
         };
         Facts::Read(HashMap::from([(
-            Probe::Venv {
+            Probe::Venv(crate::resources::venv::VenvProbe {
                 path: "/opt/env".into(),
-            },
+            }),
             Fact::Venv(Some(venv)),
         )]))
     }

@@ -264,7 +264,9 @@ impl Resource for PveLinesSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::PveContainer { vmid: self.vmid }]
+        vec![Probe::PveContainer(
+            crate::resources::container::PveContainerProbe { vmid: self.vmid },
+        )]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -355,7 +357,7 @@ mod tests {
             ..Default::default()
         };
         Facts::Read(HashMap::from([(
-            Probe::PveContainer { vmid: 1 },
+            Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid: 1 }),
             Fact::PveContainer(Some(fact)),
         )]))
     }

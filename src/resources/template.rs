@@ -41,9 +41,9 @@ impl TemplateSpec {
     }
 
     fn probe(&self) -> Probe {
-        Probe::PveTemplate {
+        Probe::PveTemplate(PveTemplateProbe {
             volume: self.volume.clone(),
-        }
+        })
     }
 }
 
@@ -87,3 +87,12 @@ impl Resource for TemplateSpec {
         })])
     }
 }
+
+/// Probe: a container template in the node's storage (through the node's API).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct PveTemplateProbe {
+    /// `STORAGE:vztmpl/FILE`.
+    pub volume: String,
+}
+
+impl crate::resources::wire::AgentProbe for PveTemplateProbe {}

@@ -139,7 +139,7 @@ mod tests {
     fn facts(f: PveContainerFact) -> Facts {
         Facts::Read(
             [(
-                Probe::PveContainer { vmid: 9266 },
+                Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid: 9266 }),
                 Fact::PveContainer(Some(f)),
             )]
             .into(),

@@ -107,9 +107,9 @@ impl Resource for UvSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Stat {
+        vec![Probe::Stat(crate::resources::file::StatProbe {
             path: self.path.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -316,6 +316,21 @@ pub fn install_args(
     }
     args.extend(requirements.iter().cloned());
     args
+}
+
+impl crate::resources::wire::AgentStep for Tool {
+    fn describe(&self) -> String {
+        format!("push {} (sha256 {})", self.path, self.sha256)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        self.install()?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(5))
+    }
 }
 
 #[cfg(test)]

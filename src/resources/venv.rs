@@ -37,9 +37,9 @@ impl Resource for VenvSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        vec![Probe::Venv {
+        vec![Probe::Venv(VenvProbe {
             path: self.path.clone(),
-        }]
+        })]
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
@@ -88,12 +88,12 @@ impl Resource for VenvSpec {
     }
 
     fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
-        guest(vec![Step::CreateVenv {
+        guest(vec![Step::CreateVenv(CreateVenvStep {
             path: self.path.clone(),
             python: self.python.clone(),
             replace: change.action == Action::Replace,
             uv: self.uv.clone(),
-        }])
+        })])
     }
 }
 
@@ -206,6 +206,57 @@ pub fn create(path: &str, python: &str, replace: bool, uv: Option<&str>) -> Resu
         &["-m".into(), "venv".into(), path.to_string()],
         &[],
     )
+}
+
+/// Probe: a Python venv: its Python release and installed distributions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct VenvProbe {
+    /// The venv's folder.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for VenvProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Venv(read(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+/// Step: make a venv (removing a wrong one first when `replace`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CreateVenvStep {
+    /// The venv's folder.
+    pub path: String,
+    /// `MAJOR.MINOR`.
+    pub python: String,
+    /// Remove what is there first.
+    pub replace: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// uv's path on the target, when uv makes it (else `python -m venv`).
+    pub uv: Option<String>,
+}
+
+impl crate::resources::wire::AgentStep for CreateVenvStep {
+    fn describe(&self) -> String {
+        match self.uv {
+            Some(_) => format!("uv venv --python python{} {}", self.python, self.path),
+            None => format!("python{} -m venv {}", self.python, self.path),
+        }
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        create(&self.path, &self.python, self.replace, self.uv.as_deref())?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(30))
+    }
 }
 
 #[cfg(test)]

@@ -122,9 +122,9 @@ fn commands_files_and_the_agent_go_through_the_node() {
         Arc::new(PctTransport::new(node.clone(), g.ct.vmid)),
         Arc::new(AgentBinary::current().unwrap()),
     );
-    let probe = Probe::Path {
+    let probe = Probe::Path(provision::resources::file::PathProbe {
         path: "/etc/provision-pushed".into(),
-    };
+    });
     let facts = agent.read(std::slice::from_ref(&probe)).unwrap();
     match facts.path(&probe) {
         Ok(Some(p)) => assert_eq!(p.mode, 0o640),
@@ -498,9 +498,9 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         owner: None,
     };
     let facts = |raw: &config_edit::RawConfig| {
-        let probe = Probe::PveContainer {
+        let probe = Probe::PveContainer(provision::resources::container::PveContainerProbe {
             vmid: g.ct.vmid.into(),
-        };
+        });
         Facts::Read(HashMap::from([(
             probe,
             Fact::PveContainer(Some(raw.fact(false))),

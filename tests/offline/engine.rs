@@ -140,10 +140,13 @@ fn a_services_preflight_runs_before_its_unit_is_written() {
         let write = ops
             .iter()
             .position(|o| match o {
-                Op::Guest(Step::WriteFile { path, .. }) => *path == unit,
-                Op::Guest(Step::SwitchGeneration { units, .. }) => {
-                    units.iter().any(|u| u.path == unit)
-                }
+                Op::Guest(Step::WriteFile(provision::resources::file::WriteFileStep {
+                    path,
+                    ..
+                })) => *path == unit,
+                Op::Guest(Step::SwitchGeneration(
+                    provision::resources::generation::SwitchGenerationStep { units, .. },
+                )) => units.iter().any(|u| u.path == unit),
                 _ => false,
             })
             .unwrap_or_else(|| panic!("no write of {unit}"));
@@ -198,8 +201,10 @@ impl TargetReader for World {
                     ),
                     content: Some("a".into()),
                 })),
-                Probe::Path { .. } => Fact::Path(None),
-                Probe::Managed {} => Fact::Managed(None),
+                Probe::Path(provision::resources::file::PathProbe { .. }) => Fact::Path(None),
+                Probe::Managed(provision::resources::managed::ManagedProbe {}) => {
+                    Fact::Managed(None)
+                }
                 other => panic!("a file-only guest has no probe {other:?}"),
             };
             (p.clone(), fact)
@@ -278,7 +283,7 @@ fn a_saved_plan_whose_read_stamp_no_longer_matches_is_refused_before_anything_ru
     let file = stamp
         .probes
         .iter()
-        .find(|p| matches!(p, Probe::Path { .. }))
+        .find(|p| matches!(p, Probe::Path(provision::resources::file::PathProbe { .. })))
         .cloned();
     let (err, ran) = apply_saved(&plan, file);
     assert!(

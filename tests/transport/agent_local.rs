@@ -479,9 +479,9 @@ fn an_agent_of_another_protocol_is_refused_naming_both_versions() {
     let reader = AgentReader::new(t, Arc::new(AgentBinary::from_path(path).unwrap()))
         .with_dir(agent_dir.to_str().unwrap());
     let err = reader
-        .read(&[Probe::Path {
+        .read(&[Probe::Path(provision::resources::file::PathProbe {
             path: "/etc/hostname".into(),
-        }])
+        })])
         .unwrap_err()
         .to_string();
     let theirs = format!("speaks protocol {other} (provision 9.0.0)");

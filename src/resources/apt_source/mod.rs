@@ -113,9 +113,9 @@ impl AptSourceSpec {
     }
 
     fn key_probe(&self) -> Probe {
-        Probe::AptKey {
+        Probe::AptKey(AptKeyProbe {
             path: self.keyring(),
-        }
+        })
     }
 }
 
@@ -182,23 +182,23 @@ impl Resource for AptSourceSpec {
                 })?),
                 None => None,
             };
-            steps.push(Step::AptKey {
+            steps.push(Step::AptKey(AptKeyStep {
                 source: self.name.clone(),
                 path: self.keyring(),
                 url: k.url.clone(),
                 key: text
                     .map(|t| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, t)),
                 fingerprint: k.fingerprint.clone(),
-            });
+            }));
         }
         let file = self.file();
-        steps.push(Step::WriteFile {
+        steps.push(Step::WriteFile(crate::resources::file::WriteFileStep {
             path: file.path,
             content: file.content,
             owner: file.owner,
             group: file.group,
             mode: file.mode,
-        });
+        }));
         guest(steps)
     }
 }
@@ -265,6 +265,61 @@ pub fn install_key(
         other => Err(bad(format!(
             "{path} reads back as keys {other:?}, not {fingerprint}"
         ))),
+    }
+}
+
+/// Probe: the fingerprints of the keys in an APT keyring.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct AptKeyProbe {
+    /// The keyring file.
+    pub path: String,
+}
+
+impl crate::resources::wire::AgentProbe for AptKeyProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::AptKey(read_keyring(
+            std::path::Path::new(&self.path),
+        )?))
+    }
+}
+
+/// Step: write an APT repository's signing key, refused unless it has the pinned fingerprint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AptKeyStep {
+    /// The source's name, for messages.
+    pub source: String,
+    /// The keyring file.
+    pub path: String,
+    /// Where the target fetches the key.
+    pub url: Option<String>,
+    /// Or the key itself (base64), read on the workstation.
+    pub key: Option<String>,
+    /// The pinned fingerprint.
+    pub fingerprint: String,
+}
+
+impl crate::resources::wire::AgentStep for AptKeyStep {
+    fn describe(&self) -> String {
+        format!("write key {} to {}", self.fingerprint, self.path)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        install_key(
+            &self.source,
+            &self.path,
+            self.url.as_deref(),
+            self.key.as_deref(),
+            &self.fingerprint,
+        )?;
+        Ok(None)
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(5))
     }
 }
 

@@ -607,6 +607,38 @@ pub fn rollback(services: &[ServiceSpec]) -> Result<Vec<DeployReport>, DeployErr
     Ok(reports)
 }
 
+impl crate::resources::wire::AgentStep for Deploy {
+    fn describe(&self) -> String {
+        format!(
+            "deploy {}{}",
+            self.service.unit,
+            match (
+                self.restart,
+                self.wait_first,
+                self.service.readiness.is_some()
+            ) {
+                (true, true, true) =>
+                    " and wait until it is ready (restarted only if it does not get there)",
+                (true, false, true) => " and wait until it is ready",
+                _ => "",
+            }
+        )
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        Ok(serde_json::to_value(deploy(self)?).ok())
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        // A load that keeps making progress is waited for past its deadline (a cold first
+        // start can take longer than any guess): the gate itself calls a hang.
+        match &self.service.readiness {
+            Some(_) => crate::resources::wire::Limit::Quiet(crate::resources::wire::minutes(10)),
+            None => crate::resources::wire::Limit::Total(crate::resources::wire::minutes(15)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,9 +158,11 @@ impl ServiceSpec {
     }
 
     fn readiness_probe(&self) -> Option<Probe> {
-        self.readiness.as_ref().map(|r| Probe::Readiness {
-            url: r.url.clone(),
-            served_model_name: r.served_model_name.clone(),
+        self.readiness.as_ref().map(|r| {
+            Probe::Readiness(ReadinessProbe {
+                url: r.url.clone(),
+                served_model_name: r.served_model_name.clone(),
+            })
         })
     }
 
@@ -169,12 +171,12 @@ impl ServiceSpec {
     fn rule_probes(&self) -> Option<(Probe, Probe)> {
         self.preflight.as_ref().map(|p| {
             (
-                Probe::Venv {
+                Probe::Venv(crate::resources::venv::VenvProbe {
                     path: p.venv.clone(),
-                },
-                Probe::Path {
+                }),
+                Probe::Path(crate::resources::file::PathProbe {
                     path: format!("{}/config.json", p.model_path.trim_end_matches('/')),
-                },
+                }),
             )
         })
     }
@@ -233,9 +235,9 @@ impl Resource for ServiceSpec {
     }
 
     fn probes(&self) -> Vec<Probe> {
-        let mut probes = vec![Probe::Unit {
+        let mut probes = vec![Probe::Unit(UnitProbe {
             name: self.unit.clone(),
-        }];
+        })];
         probes.extend(self.readiness_probe());
         if let Some((venv, config)) = self.rule_probes() {
             probes.extend([venv, config]);
@@ -470,6 +472,58 @@ pub fn read_unit(name: &str) -> Result<Option<UnitFact>, crate::machine::HostErr
         properties,
         process,
     }))
+}
+
+/// Probe: a systemd unit's state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct UnitProbe {
+    /// Unit name.
+    pub name: String,
+}
+
+impl crate::resources::wire::AgentProbe for UnitProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Unit(read_unit(&self.name)?))
+    }
+}
+
+/// Probe: whether a server answers its readiness URL and lists its model there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ReadinessProbe {
+    /// URL that must list the model (`http://127.0.0.1:30000/v1/models`).
+    pub url: String,
+    /// The model name it must list.
+    pub served_model_name: String,
+}
+
+impl crate::resources::wire::AgentProbe for ReadinessProbe {
+    fn answer(
+        &self,
+        verify_full: bool,
+    ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
+        let _ = verify_full;
+        Ok(crate::resources::wire::Fact::Readiness(Some(
+            crate::health::process::readiness(&self.url, &self.served_model_name),
+        )))
+    }
+}
+
+impl crate::resources::wire::AgentStep for ServiceSpec {
+    fn describe(&self) -> String {
+        format!("preflight {}", self.unit)
+    }
+
+    fn run(&self) -> Result<Option<serde_json::Value>, crate::resources::wire::StepError> {
+        Ok(serde_json::to_value(preflight::preflight(self)?).ok())
+    }
+
+    fn limit(&self) -> crate::resources::wire::Limit {
+        crate::resources::wire::Limit::Total(crate::resources::wire::minutes(30))
+    }
 }
 
 #[cfg(test)]
