@@ -1,6 +1,7 @@
 //! Where a command's time goes: named phases timed from any thread into one recorder, shown
 //! with `-v` (`provision check -v`). Recording costs a lock per phase and changes nothing else.
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Phase {
     /// What ran.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// How many times.
     pub count: usize,
     /// Summed time (threads that overlap add up).
@@ -26,7 +27,8 @@ impl Recorder {
     }
 
     /// Adds `took` to phase `name`.
-    pub fn record(&self, name: &'static str, took: Duration) {
+    pub fn record(&self, name: impl Into<Cow<'static, str>>, took: Duration) {
+        let name = name.into();
         let mut phases = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match phases.iter_mut().find(|p| p.name == name) {
             Some(p) => {
@@ -50,8 +52,9 @@ impl Recorder {
 /// The process's recorder: the engine, the API client and the transports add to it.
 static PHASES: Recorder = Recorder::new();
 
-/// Adds `took` to the process's phase `name`.
-pub fn record(name: &'static str, took: Duration) {
+/// Adds `took` to the process's phase `name` (a phase named at run time, such as an agent's
+/// probe kind, passes a `String`).
+pub fn record(name: impl Into<Cow<'static, str>>, took: Duration) {
     PHASES.record(name, took);
 }
 
@@ -103,12 +106,12 @@ mod tests {
             got,
             vec![
                 Phase {
-                    name: "b",
+                    name: "b".into(),
                     count: 2,
                     total: Duration::from_millis(7)
                 },
                 Phase {
-                    name: "a",
+                    name: "a".into(),
                     count: 1,
                     total: Duration::from_millis(1)
                 },

@@ -450,6 +450,7 @@ impl Conn {
         }
         // Reading is bounded by the hashing of what is there (`--verify-full` over
         // hundreds of GB), never by a download: hours are the honest bound.
+        let start = std::time::Instant::now();
         let events = self.call(
             &Request::Probe {
                 probes: probes.to_vec(),
@@ -457,16 +458,22 @@ impl Conn {
             },
             Duration::from_secs(6 * 3600),
         )?;
-        let answers = events
+        let took = start.elapsed();
+        let (answers, ready_us, probes_us) = events
             .into_iter()
             .find_map(|e| match e {
-                Event::Facts { answers } => Some(answers),
+                Event::Facts {
+                    answers,
+                    ready_us,
+                    probes_us,
+                } => Some((answers, ready_us, probes_us)),
                 _ => None,
             })
             .ok_or_else(|| AgentError::Protocol {
                 target: self.target(),
                 detail: "no facts in the answer".into(),
             })?;
+        record_agent_time(took, ready_us, probes_us, &answers);
         let mut facts: HashMap<Probe, Fact> = HashMap::new();
         for a in answers {
             match (a.fact, a.error) {
@@ -493,6 +500,45 @@ impl Conn {
         }
         Ok(Facts::Read(facts))
     }
+}
+
+/// Splits one probe request's `took` (`provision -v`) by what the agent says of its own
+/// time: outside the agent (the SSH channel, the shell, the agent's exec before its
+/// `main`), its start (reading and parsing the request), the probes' wall, and each probe
+/// kind's own time (summed: they run concurrently). An agent that says nothing (an older
+/// one) leaves the request whole.
+fn record_agent_time(
+    took: Duration,
+    ready_us: Option<u64>,
+    probes_us: Option<u64>,
+    answers: &[crate::resources::wire::Answer],
+) {
+    let (Some(ready), Some(probes)) = (ready_us, probes_us) else {
+        return;
+    };
+    let (ready, probes) = (Duration::from_micros(ready), Duration::from_micros(probes));
+    crate::timing::record(
+        "agent request: outside the agent (channel, shell, exec)",
+        took.saturating_sub(ready + probes),
+    );
+    crate::timing::record("agent request: agent start, request read", ready);
+    crate::timing::record("agent request: probes (wall, concurrent)", probes);
+    for a in answers {
+        if let Some(us) = a.took_us {
+            crate::timing::record(
+                format!("  agent probe: {}", probe_kind(&a.probe)),
+                Duration::from_micros(us),
+            );
+        }
+    }
+}
+
+/// A probe's kind as its wire tag says it (`packages`, `venv`, ...).
+fn probe_kind(probe: &Probe) -> String {
+    serde_json::to_value(probe)
+        .ok()
+        .and_then(|v| v.get("probe")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Read access to one target through its agent: probes only.

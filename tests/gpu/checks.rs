@@ -482,7 +482,7 @@ fn userspace_facts(phase: &str) -> provision::resources::wire::Facts {
     use provision::resources::wire::{Event, Facts};
     let text = fixture(&format!("h200x1-userspace/{phase}/probe.txt"));
     let event: Event = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
-    let Event::Facts { answers } = event else {
+    let Event::Facts { answers, .. } = event else {
         panic!("not a facts event: {text}")
     };
     Facts::Read(

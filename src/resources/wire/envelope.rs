@@ -94,6 +94,9 @@ pub struct Answer {
     pub fact: Option<Fact>,
     /// Why it could not be read.
     pub error: Option<String>,
+    /// How long the agent took to answer it, in microseconds (`provision -v`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_us: Option<u64>,
 }
 
 /// What the agent says, one JSON object per line.
@@ -111,6 +114,12 @@ pub enum Event {
     Facts {
         /// One per probe, in order.
         answers: Vec<Answer>,
+        /// Microseconds from the agent's start to its request read and parsed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ready_us: Option<u64>,
+        /// Microseconds from then to the last answer (the probes run concurrently).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probes_us: Option<u64>,
     },
     /// A step began.
     StepStarted {
