@@ -33,6 +33,17 @@ pub const VMID_SLOTS: u32 = 100;
 
 static ALLOC: Mutex<()> = Mutex::new(());
 
+/// A loopback port nothing listens on now, for a private lab's API, sshd or mirror: the one
+/// the kernel gives a listener on port 0, given back at once. Private labs started by tests
+/// take these instead of fixed ports, so two of them on one host (two worktrees' test runs,
+/// or a test's lab beside a developer's) never ask for the same port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// A running lab, as its exports describe it.
 #[derive(Debug, Clone)]
 pub struct LabEnv {

@@ -5,17 +5,24 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use provision_lab::testkit::{ContainerSpec, LabEnv};
+use provision_lab::testkit::{ContainerSpec, LabEnv, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pve-lab");
 
+/// This process's private lab ports (API, sshd, mirror): free ones, the same for each call.
+fn ports() -> (u16, u16, u16) {
+    static PORTS: std::sync::OnceLock<(u16, u16, u16)> = std::sync::OnceLock::new();
+    *PORTS.get_or_init(|| (free_port(), free_port(), free_port()))
+}
+
 fn pve_lab(dir: &Path, args: &[&str]) -> Output {
+    let (api, ssh, mirror) = ports();
     Command::new(BIN)
         .args(args)
         .env("LAB_DIR", dir)
-        .env("LAB_API_PORT", "18006")
-        .env("LAB_SSH_PORT", "12222")
-        .env("LAB_MIRROR_PORT", "18080")
+        .env("LAB_API_PORT", api.to_string())
+        .env("LAB_SSH_PORT", ssh.to_string())
+        .env("LAB_MIRROR_PORT", mirror.to_string())
         .env("LAB_BRIDGE", "vmbrlt")
         .env("LAB_BRIDGE_CIDR", "10.213.77.1/24")
         .env("LAB_VETH_PREFIX", "vlt")
@@ -119,7 +126,10 @@ fn reinstall_keeps_shared_data_and_down_leaves_nothing() {
     assert!(up.status.success(), "{}", stderr(&up));
     eprintln!("second lab up in {:?}", t.elapsed());
     let lab = LabEnv::from_exports(&String::from_utf8_lossy(&up.stdout));
-    assert_eq!(lab.vars["PVE_URL"], "https://127.0.0.1:18006");
+    assert_eq!(
+        lab.vars["PVE_URL"],
+        format!("https://127.0.0.1:{}", ports().0)
+    );
     let shared = Path::new(&lab.vars["LAB_SHARED_DIR"]).to_path_buf();
     assert!(shared.starts_with(dir));
     // `up` again is a no-op that prints the same exports.
@@ -193,7 +203,7 @@ fn reinstall_keeps_shared_data_and_down_leaves_nothing() {
         "bridge removed"
     );
     // The mirror listened on the bridge address, gone with the bridge; loopback ports are checked.
-    for (port, what) in [(18006, "API"), (12222, "sshd")] {
+    for (port, what) in [(ports().0, "API"), (ports().1, "sshd")] {
         assert!(
             std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
             "{what} still listening"

@@ -3,6 +3,8 @@
 
 #[path = "../support/gpunode.rs"]
 mod gpunode;
+#[path = "../support/guard.rs"]
+mod guard;
 
 mod checks;
 mod cli;

@@ -881,9 +881,19 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     let run = made
         .path()
         .join(format!("NVIDIA-Linux-x86_64-{version}.run"));
-    // Its own checksum: the node's cache is shared with the other tests' installer.
+    // Its own checksum, so its own folder of the node's cache (`/var/cache/provision/nvidia/
+    // <sha256>/`, shared by every lab on this host and by the other tests' installer): a
+    // second lab running this test at the same time empties and fills another folder, and
+    // the downloads counted below are this run's alone.
     let mut text = std::fs::read_to_string(&run).unwrap();
-    text.push_str("# served on the test host's loopback\n");
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    text.push_str(&format!(
+        "# served on the test host's loopback to test process {} ({nonce})\n",
+        std::process::id()
+    ));
     std::fs::write(&run, text).unwrap();
     let sum = Command::new("sha256sum").arg(&run).output().unwrap();
     let sha256 = String::from_utf8_lossy(&sum.stdout)
@@ -895,7 +905,9 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     // The node's cache (the lab's node is this host); what this test leaves is removed.
     let cache = node_cache(&sha256);
     let cached = cache.0.join(format!("NVIDIA-Linux-x86_64-{version}.run"));
-    let _wrong = node_cache(&"0".repeat(64));
+    // A wrong checksum of this run's own too (its folder is checked for a left `.part`).
+    let wrong = format!("{:0>64x}", nonce ^ u128::from(std::process::id()));
+    let _wrong = node_cache(&wrong);
     let cli = Cli::new(lab);
     let _gone = cleanup(&cli.lab, 9268);
     let mut ct = cli.ct("pxc-nvrun", 9268, 248);
@@ -914,7 +926,7 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     assert_eq!(server.gets(), 0);
 
     // A wrong sha256 is refused on the node: nothing is kept there, nothing pushed in.
-    ct.userspace = Some((server.url.clone(), "0".repeat(64)));
+    ct.userspace = Some((server.url.clone(), wrong.clone()));
     cli.write(&ct, true);
     let refused = cli.expect(&["apply", "--yes"], 1);
     assert!(
@@ -926,8 +938,7 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     assert!(!cached.exists(), "a file of another checksum is not kept");
     assert_eq!(
         cli.node(&format!(
-            "ls -A /var/cache/provision/nvidia/{} 2>/dev/null | wc -l",
-            "0".repeat(64)
+            "ls -A /var/cache/provision/nvidia/{wrong} 2>/dev/null | wc -l"
         ))
         .trim(),
         "0",

@@ -21,7 +21,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use fakehub::{Config, FakeHub};
-use provision_lab::testkit::LabEnv;
+use provision_lab::testkit::{LabEnv, free_port};
 use sha2::{Digest, Sha256};
 
 const VMID: u32 = 9291;
@@ -259,15 +259,18 @@ fn lab_script(arg: &str) -> Command {
 /// A lab of this test's own, down again when dropped (after everything in it).
 struct PrivateLab {
     dir: tempfile::TempDir,
+    /// API, sshd and mirror ports: free ones, taken when the lab is made.
+    ports: (u16, u16, u16),
 }
 
 impl PrivateLab {
     fn settings(&self, cmd: &mut Command) {
         let dir = self.dir.path();
+        let (api, ssh, mirror) = self.ports;
         cmd.env("LAB_DIR", dir)
-            .env("LAB_API_PORT", "18306")
-            .env("LAB_SSH_PORT", "12522")
-            .env("LAB_MIRROR_PORT", "18380")
+            .env("LAB_API_PORT", api.to_string())
+            .env("LAB_SSH_PORT", ssh.to_string())
+            .env("LAB_MIRROR_PORT", mirror.to_string())
             .env("LAB_BRIDGE", "vmbrrb")
             .env("LAB_BRIDGE_CIDR", "10.213.79.1/24")
             .env("LAB_VETH_PREFIX", "vrb")
@@ -280,6 +283,7 @@ impl PrivateLab {
                 .prefix("lab-rebuild-")
                 .tempdir_in("/var/tmp")
                 .unwrap(),
+            ports: (free_port(), free_port(), free_port()),
         };
         let mut cmd = lab_script("up");
         lab.settings(&mut cmd);

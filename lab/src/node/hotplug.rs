@@ -157,35 +157,64 @@ impl Node {
         .map(|_| ())
     }
 
+    /// Reads one of the container's cgroup values (through its command socket, as
+    /// `lxc-cgroup` does, so a container of the same vmid in another lab is never read).
+    fn cgroup_get(&self, vmid: u32, key: &str) -> Option<u64> {
+        run(Command::new("lxc-cgroup")
+            .arg("-P")
+            .arg(self.lab.lxc_path())
+            .args(["-n", &vmid.to_string(), key]))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Sets memory and swap as pve-common's `PVE::CGroup::change_memory_limit` does (called by
+    /// pve-container's `PVE::LXC::Config::vmconfig_hotplug_pending`): under cgroup v1 memory
+    /// and memory+swap are one pair, so when the combined limit grows, memsw is raised first
+    /// and then memory; when it shrinks, memory is lowered first and then memsw (memsw can
+    /// never be below memory). Under cgroup v2, `memory.swap.max` then `memory.max`.
     fn set_memory(&self, vmid: u32, memory: Option<&str>, swap: Option<&str>) -> ApiResult<()> {
         let mib = |s: Option<&str>, d: u64| s.and_then(|v| v.parse::<u64>().ok()).unwrap_or(d);
         let mem = mib(memory, 512) << 20;
         let swap = mib(swap, 512) << 20;
         if cgroup_key("memory") == "lxc.cgroup" {
-            // memsw (memory + swap) must stay >= the memory limit, so order the writes.
-            let memsw =
-                format!("/sys/fs/cgroup/memory/lxc.payload.{vmid}/memory.memsw.limit_in_bytes");
-            let has_memsw = std::path::Path::new(&memsw).exists();
-            if has_memsw {
-                let _ = self.cgroup_set(
-                    vmid,
-                    "memory.memsw.limit_in_bytes",
-                    &(mem + swap).max(mem).to_string(),
-                );
+            let memsw = mem + swap;
+            // No memsw without swap accounting: memory alone.
+            let Some(old_memsw) = self.cgroup_get(vmid, "memory.memsw.limit_in_bytes") else {
+                return self.cgroup_shrink(vmid, "memory.limit_in_bytes", mem);
+            };
+            if memsw > old_memsw {
+                self.cgroup_set(vmid, "memory.memsw.limit_in_bytes", &memsw.to_string())?;
+                self.cgroup_shrink(vmid, "memory.limit_in_bytes", mem)
+            } else {
+                self.cgroup_shrink(vmid, "memory.limit_in_bytes", mem)?;
+                self.cgroup_shrink(vmid, "memory.memsw.limit_in_bytes", memsw)
             }
-            self.cgroup_set(vmid, "memory.limit_in_bytes", &mem.to_string())?;
-            if has_memsw {
-                self.cgroup_set(
-                    vmid,
-                    "memory.memsw.limit_in_bytes",
-                    &(mem + swap).to_string(),
-                )?;
-            }
-            Ok(())
         } else {
-            self.cgroup_set(vmid, "memory.max", &mem.to_string())?;
-            let _ = self.cgroup_set(vmid, "memory.swap.max", &swap.to_string());
-            Ok(())
+            self.cgroup_set(vmid, "memory.swap.max", &swap.to_string())?;
+            self.cgroup_shrink(vmid, "memory.max", mem)
+        }
+    }
+
+    /// Writes a memory limit that may be below what the container uses now. The kernel
+    /// reclaims down to it and answers EBUSY when it cannot: on a loaded host, that is
+    /// mostly dirty page cache still under writeback (this host has no swap). Proxmox writes
+    /// once and reports the error; the lab, which shares its host with other labs, syncs and
+    /// tries again a few times before it reports the same error, so a write that a quiet
+    /// Proxmox node would take is not refused because another lab is writing.
+    fn cgroup_shrink(&self, vmid: u32, key: &str, bytes: u64) -> ApiResult<()> {
+        let mut tries = 0;
+        loop {
+            match self.cgroup_set(vmid, key, &bytes.to_string()) {
+                Ok(()) => return Ok(()),
+                Err(e) if tries == 4 || self.cgroup_get(vmid, key).is_none() => return Err(e),
+                Err(_) => {
+                    tries += 1;
+                    // SAFETY: sync(2) takes no arguments and cannot fail.
+                    unsafe { libc::sync() };
+                    std::thread::sleep(std::time::Duration::from_millis(100 * tries));
+                }
+            }
         }
     }
 
