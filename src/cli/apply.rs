@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::plan::{open_session, print_plan, read_targets};
+use super::plan::{print_plan, read};
 use super::targets::TargetArgs;
-use super::{ExitStatus, from_engine, load_valid, session_open};
+use super::{ExitStatus, from_engine, from_session, load_valid, session_open};
 use crate::diagnostic::Diagnostic;
 use crate::engine::reconcile;
 use crate::plan::{FORMAT_VERSION, Plan};
 use crate::printer::Printer;
-use crate::proxmox::NodeApi;
+use crate::session::WriteSession;
 
 /// Arguments of `provision apply`.
 #[derive(Debug, Args)]
@@ -117,18 +117,13 @@ fn run_once(args: &ApplyArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
         .any(|t| t.read.as_ref().is_some_and(|r| r.verify_full));
     // One session for the whole apply: the plan is read through it and its writers reuse
     // the same logins and agent binary.
-    let session = open_session::<NodeApi>(&loaded, &target_args, printer)?;
+    let session =
+        WriteSession::open(&loaded, target_args.settings(), printer).map_err(from_session)?;
     let (plan, saved) = match (saved, library) {
         (Some(plan), _) => (plan, true),
         (None, library) => {
             let library = library.expect("an inventory is loaded with its library");
-            let read = read_targets(
-                &args.inventory.display().to_string(),
-                &library,
-                &session,
-                &args.targets,
-                printer,
-            )?;
+            let read = read(&session, &args.inventory, &library, &args.targets)?;
             (read.whole().map_err(from_engine)?, false)
         }
     };

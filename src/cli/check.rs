@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::plan::{open_session, print_read, read_targets};
+use super::plan::{print_read, read};
 use super::targets::TargetArgs;
-use super::{ExitStatus, from_engine, load_valid};
+use super::{ExitStatus, from_engine, from_session, load_valid};
 use crate::printer::Printer;
-use crate::proxmox::ApiReader;
+use crate::session::ReadSession;
 use crate::timing;
 
 /// Arguments of `provision check`.
@@ -29,14 +29,9 @@ pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let start = std::time::Instant::now();
     let (loaded, library) =
         timing::time("inventory: load, render", || load_valid(&args.inventory))?;
-    let session = open_session::<ApiReader>(&loaded, &args.targets, printer)?;
-    let read = read_targets(
-        &args.inventory.display().to_string(),
-        &library,
-        &session,
-        &args.targets,
-        printer,
-    )?;
+    let session =
+        ReadSession::open(&loaded, args.targets.settings(), printer).map_err(from_session)?;
+    let read = read(&session, &args.inventory, &library, &args.targets)?;
     session.report_calls();
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).

@@ -6,21 +6,15 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::plan::open_session;
 use super::targets::{TargetArgs, select};
 use super::{ExitStatus, from_session, prepare};
-use crate::access::Op;
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::generations::record::history_lines;
 use crate::generations::target::LinkState;
-use crate::plan::TargetPlan;
 use crate::printer::Printer;
-use crate::proxmox::{ApiReader, NodeApi};
-use crate::resources::generation::GenerationSpec;
-use crate::resources::service::ServiceSpec;
-use crate::resources::wire::Step;
-use crate::resources::{Resource, ResourceSpec};
+use crate::session::generations::{MlEnvGuest, ml_env_guests};
+use crate::session::{ReadSession, WriteSession};
 
 /// Arguments of `provision history` and `provision rollback`.
 #[derive(Debug, Args)]
@@ -31,29 +25,9 @@ pub struct GenerationArgs {
     pub targets: TargetArgs,
 }
 
-/// The guests that declare an ml-env (a `generation`), with their services.
-fn guests(
-    desired: Vec<DesiredTarget>,
-    args: &TargetArgs,
-) -> anyhow::Result<Vec<(DesiredTarget, GenerationSpec, Vec<ServiceSpec>)>> {
-    let out: Vec<_> = select(desired, args)?
-        .into_iter()
-        .filter_map(|d| {
-            let g = d.resources.iter().find_map(|r| match &r.spec {
-                ResourceSpec::Generation(g) => Some(g.clone()),
-                _ => None,
-            })?;
-            let services = d
-                .resources
-                .iter()
-                .filter_map(|r| match &r.spec {
-                    ResourceSpec::Service(s) => Some(s.as_ref().clone()),
-                    _ => None,
-                })
-                .collect();
-            Some((d, g, services))
-        })
-        .collect();
+/// The selected guests that declare an ml-env; none is an error.
+fn guests(desired: Vec<DesiredTarget>, args: &TargetArgs) -> anyhow::Result<Vec<MlEnvGuest>> {
+    let out = ml_env_guests(select(desired, args)?);
     if out.is_empty() {
         return Err(Diagnostic::new("no selected target declares an ml-env")
             .hint("generations are kept for a container's `ml_env`; name its guest with --target guest.NAME")
@@ -66,14 +40,10 @@ fn guests(
 pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
     // history only reads: a read session, which has no writer.
-    let conns = open_session::<ApiReader>(&prepared.loaded, &args.targets, printer)?;
+    let conns = ReadSession::open(&prepared.loaded, args.targets.settings(), printer)
+        .map_err(from_session)?;
     for (d, g, _) in guests(prepared.desired.clone(), &args.targets)? {
-        let probe = g.probes().remove(0);
-        let facts = conns
-            .reader(&d)
-            .map_err(from_session)?
-            .read(std::slice::from_ref(&probe))?;
-        let fact = facts.generation(&probe)?.cloned().unwrap_or_default();
+        let fact = conns.generation(&d, &g).map_err(from_session)?;
         let now = fact
             .states
             .iter()
@@ -101,23 +71,11 @@ pub fn history(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitS
 /// generation that passed its gate, and are gated there; exit 1 when one is not ready.
 pub fn rollback(args: &GenerationArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     let prepared = prepare(&args.inventory)?;
-    let conns = open_session::<NodeApi>(&prepared.loaded, &args.targets, printer)?;
+    let conns = WriteSession::open(&prepared.loaded, args.targets.settings(), printer)
+        .map_err(from_session)?;
     let mut status = ExitStatus::Success;
     for (d, _, services) in guests(prepared.desired.clone(), &args.targets)? {
-        let plan = TargetPlan {
-            target: d.target.clone(),
-            changes: Vec::new(),
-            unchanged: 0,
-            read: None,
-            warnings: Vec::new(),
-            not_read: None,
-            manages: None,
-            replanned: None,
-        };
-        let writer = conns.writer(&plan, None).map_err(from_session)?;
-        let outcomes = writer.run(&[Op::Guest(Step::RollbackGeneration(
-            crate::resources::generation::RollbackGenerationStep { services },
-        ))])?;
+        let outcomes = conns.rollback(&d, services).map_err(from_session)?;
         for o in outcomes {
             match &o.error {
                 None => {

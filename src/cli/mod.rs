@@ -3,14 +3,11 @@
 
 pub mod agent;
 pub mod apply;
-pub mod assumed;
 pub mod check;
 pub mod generation;
 pub mod gpu;
 pub mod model;
-pub mod node;
 pub mod plan;
-pub mod privileges;
 pub mod progress;
 pub mod render;
 pub mod schema;
@@ -240,6 +237,9 @@ pub fn from_session(e: SessionError) -> anyhow::Error {
         SessionError::Api(e) => e.into(),
         SessionError::Node(e) => e.into(),
         SessionError::Access(e) => e.into(),
+        SessionError::NotRead(e) => e.into(),
+        SessionError::Invalid(d) => d.into(),
+        SessionError::Binary(e) => e.into(),
         SessionError::While { what, source } => from_session(*source).context(what),
     }
 }

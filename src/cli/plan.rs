@@ -1,23 +1,18 @@
 //! `provision plan`: what would change to make reality match the inventory.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::targets::{TargetArgs, select};
-use super::{ExitStatus, from_engine, from_session, load_valid, prepare, session_open};
-use crate::agent::client::AgentBinary;
+use super::{ExitStatus, from_engine, from_session, load_valid, prepare};
 use crate::compile::Library;
 use crate::engine::offline_plan;
-use crate::engine::{DesiredTarget, reconcile, removal};
-use crate::inventory::Loaded;
-use crate::plan::Target;
+use crate::engine::reconcile;
 use crate::plan::{Plan, render_human};
 use crate::printer::Printer;
-use crate::proxmox::ApiReader;
-use crate::session::{Api, Session, ssh};
+use crate::session::{Api, ReadSession, Session};
 use crate::timing;
 
 /// Arguments of `provision plan`.
@@ -55,8 +50,9 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     } else {
         let (loaded, library) =
             timing::time("inventory: load, render", || load_valid(&args.inventory))?;
-        let session = open_session::<ApiReader>(&loaded, &args.targets, printer)?;
-        let read = read_targets(&inventory, &library, &session, &args.targets, printer)?;
+        let session =
+            ReadSession::open(&loaded, args.targets.settings(), printer).map_err(from_session)?;
+        let read = read(&session, &args.inventory, &library, &args.targets)?;
         session.report_calls();
         read
     };
@@ -79,70 +75,20 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     })
 }
 
-/// A session on `loaded` with the settings `targets` gives and this provision's agent
-/// binary (hashed once for the whole run): a [`ReadSession`](crate::session::ReadSession)
-/// for `plan` and `check`, a [`WriteSession`](crate::session::WriteSession) for `apply`.
-pub fn open_session<'a, A: Api>(
-    loaded: &'a Loaded,
-    targets: &TargetArgs,
-    printer: &'a Printer,
-) -> anyhow::Result<Session<'a, A>> {
-    let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
-    Ok(Session::new(loaded, targets.settings(), binary, printer))
-}
-
-/// Reads the selected targets through `session`, concurrently as `--parallelism` allows,
-/// and plans against those that could be read; the others are returned with their errors.
-/// The desired state is computed here, once, with the nodes' live GPU facts. Only reads,
-/// whatever the session: the engine's plan is handed readers alone.
-pub fn read_targets<A: Api>(
-    inventory: &str,
-    library: &Library,
+/// Reads the plan of the targets `args` selects through `session` (`Session::plan`).
+pub fn read<A: Api>(
     session: &Session<'_, A>,
-    targets: &TargetArgs,
-    printer: &Printer,
+    inventory: &Path,
+    library: &Library,
+    args: &TargetArgs,
 ) -> anyhow::Result<reconcile::PartialPlan> {
-    if targets.migrate {
-        return Err(crate::diagnostic::Diagnostic::new(
-            "--migrate: moving a container between the nodes of a cluster is not built yet; nothing was read or changed",
+    session
+        .plan(
+            &inventory.display().to_string(),
+            library,
+            &args.read_options(),
         )
-        .hint(crate::resources::container::MIGRATE_NOT_BUILT)
-        .into());
-    }
-    let loaded = session.loaded();
-    let (desired, live) = timing::time("gpus: live facts", || {
-        super::node::with_live_gpus(library, session, targets, printer)
-    })?;
-    let undeclared = undeclared(&desired, loaded, targets);
-    let desired = select(desired, targets)?;
-    let desired = ssh::with_login_keys(desired, loaded, session.settings());
-    session.warn_insecure();
-    session.reading(&desired);
-    let mut read = reconcile::plan(
-        inventory,
-        &desired,
-        targets.verify_full,
-        &undeclared,
-        &targets.limits(),
-        &|d| {
-            printer.status(&format!("reading {}", d.target.heading()));
-            session.reader(d).map_err(session_open)
-        },
-    );
-    super::node::refuse_root_only(&read.plan, loaded, session)?;
-    ssh::refuse_keyless_creates(&read.plan, loaded, session.settings()).map_err(from_session)?;
-    super::assumed::refuse_missing(&read.plan, loaded, session, printer)?;
-    super::privileges::refuse_missing(&read.plan, loaded, session)?;
-    read.plan = timing::time("gpus: checks", || {
-        super::node::gpu_checks(
-            read.plan,
-            &desired,
-            &live,
-            &|n, v| session.running(n, v),
-            printer,
-        )
-    })?;
-    Ok(read)
+        .map_err(from_session)
 }
 
 /// Writes `plan` to `path` atomically (a temp file beside it, then a rename).
@@ -184,36 +130,4 @@ pub fn print_plan(plan: &Plan, json: bool, printer: &Printer) -> anyhow::Result<
         printer.result(&render_human(plan, printer.color_out()));
     }
     Ok(())
-}
-
-/// What the plan does with what is no longer declared: containers this inventory created
-/// are looked for on every node in a plan of the whole inventory (none with `--target`,
-/// which reads only what it names); every vmid of the inventory counts as declared.
-fn undeclared(
-    desired: &[DesiredTarget],
-    loaded: &Loaded,
-    targets: &TargetArgs,
-) -> removal::Undeclared {
-    let containers = |d: &DesiredTarget| match &d.target {
-        Target::Container { node, vmid, .. } => Some((node.clone(), *vmid)),
-        _ => None,
-    };
-    let declared: Vec<(String, u64)> = desired.iter().filter_map(containers).collect();
-    let nodes: Vec<String> = match targets.targets.is_empty() {
-        true => loaded
-            .inventory
-            .nodes
-            .keys()
-            .map(|n| n.to_string())
-            .collect(),
-        false => Vec::new(),
-    };
-    removal::Undeclared {
-        prune_models: targets.prune_models,
-        allow_destroy: targets.allow_destroy,
-        allow_downtime: targets.allow_downtime,
-        declared: declared.into_iter().map(|(_, v)| v).collect(),
-        nodes,
-        owner: crate::session::owner(loaded),
-    }
 }

@@ -1,15 +1,16 @@
 //! What the commands that reach real targets share: choosing targets (`--target`) and the
-//! flags a session is opened with (`crate::session` connects).
+//! flags a session is opened with (`crate::session` connects and reads).
 
 use std::path::PathBuf;
 
 use clap::Args;
 use clap::builder::TypedValueParser;
 
-use crate::diagnostic::Diagnostic;
+use super::from_session;
 use crate::engine::DesiredTarget;
 use crate::engine::schedule::{self, Limits};
 use crate::session::Settings;
+use crate::session::plan::{self, ReadOptions};
 
 /// Flags for commands that read or change targets.
 #[derive(Debug, Clone, Args)]
@@ -78,6 +79,18 @@ impl TargetArgs {
         }
     }
 
+    /// What these flags say about reading a plan.
+    pub fn read_options(&self) -> ReadOptions {
+        ReadOptions {
+            targets: self.targets.clone(),
+            verify_full: self.verify_full,
+            prune_models: self.prune_models,
+            allow_destroy: self.allow_destroy,
+            migrate: self.migrate,
+            limits: self.limits(),
+        }
+    }
+
     /// What these flags say about reaching targets, for a session.
     pub fn settings(&self) -> Settings {
         Settings {
@@ -94,28 +107,5 @@ pub fn select(
     desired: Vec<DesiredTarget>,
     args: &TargetArgs,
 ) -> anyhow::Result<Vec<DesiredTarget>> {
-    if args.targets.is_empty() {
-        return Ok(desired);
-    }
-    for wanted in &args.targets {
-        let known = desired.iter().any(|d| {
-            let (full, short) = d.target.names();
-            *wanted == full || *wanted == short
-        });
-        if !known {
-            let names: Vec<String> = desired.iter().map(|d| d.target.names().0).collect();
-            return Err(
-                Diagnostic::new(format!("no target `{wanted}` in the inventory"))
-                    .hint(format!("targets: {}", names.join(", ")))
-                    .into(),
-            );
-        }
-    }
-    Ok(desired
-        .into_iter()
-        .filter(|d| {
-            let (full, short) = d.target.names();
-            args.targets.iter().any(|w| *w == full || *w == short)
-        })
-        .collect())
+    plan::select(desired, &args.targets).map_err(from_session)
 }

@@ -159,20 +159,15 @@ mod tests {
         };
         let kept: Record = record_of([&file]);
         let t = TargetPlan {
-            target: Target::Guest {
-                name: "t".into(),
-                address: "root@h:22".into(),
-            },
             changes: vec![
                 change(ResourceSpec::Removed(gone.clone()), Action::Delete),
                 change(file.clone(), Action::Create),
             ],
-            unchanged: 0,
-            read: None,
-            warnings: Vec::new(),
-            not_read: None,
             manages: Some(kept.clone()),
-            replanned: None,
+            ..TargetPlan::empty(Target::Guest {
+                name: "t".into(),
+                address: "root@h:22".into(),
+            })
         };
         let mut unsupported = Vec::new();
         let ops = ops_of(&t, &ApplyOptions::default(), &mut unsupported);
@@ -202,17 +197,11 @@ mod tests {
 
     fn node_plan(changes: Vec<Change>) -> TargetPlan {
         TargetPlan {
-            target: Target::Node {
+            changes,
+            ..TargetPlan::empty(Target::Node {
                 node: "n".into(),
                 api: "https://n:8006".into(),
-            },
-            changes,
-            unchanged: 0,
-            read: None,
-            warnings: Vec::new(),
-            not_read: None,
-            manages: None,
-            replanned: None,
+            })
         }
     }
 

@@ -80,6 +80,22 @@ pub struct TargetPlan {
     pub replanned: Option<String>,
 }
 
+impl TargetPlan {
+    /// No change on `target`, nothing read (a writer opened for one step of its own).
+    pub fn empty(target: Target) -> Self {
+        TargetPlan {
+            target,
+            changes: Vec::new(),
+            unchanged: 0,
+            read: None,
+            warnings: Vec::new(),
+            not_read: None,
+            manages: None,
+            replanned: None,
+        }
+    }
+}
+
 /// The probes a target plan was made from and a digest of their answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadStamp {

@@ -8,8 +8,13 @@
 //! in [`guest`]. The one thing a read may leave on a target is the agent binary in its
 //! cache (`/var/lib/provision/bin/provision-<sha256>`; `docs/architecture.md`).
 
+mod assumed;
+pub mod generations;
+mod gpus;
 pub mod guest;
+pub mod plan;
 mod pool;
+mod privileges;
 pub mod ssh;
 
 use std::collections::{BTreeSet, HashMap};
@@ -24,6 +29,7 @@ use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
 use crate::node::NodeError;
 use crate::node::access::{NodeReader, NodeWriter};
+use crate::node::probe::NodeProbe;
 use crate::node::target::{self as node_target, ContainerTarget, NodeSteps};
 use crate::plan::{Action, Target, TargetPlan};
 use crate::printer::Printer;
@@ -65,6 +71,15 @@ pub enum SessionError {
     /// A read through a target failed.
     #[error(transparent)]
     Access(#[from] AccessError),
+    /// A target's answers lack a probe asked for.
+    #[error(transparent)]
+    NotRead(#[from] crate::resources::wire::NotRead),
+    /// The inventory cannot be expanded with what the nodes answered (their GPUs).
+    #[error(transparent)]
+    Invalid(#[from] crate::diagnostic::Diagnostics),
+    /// This provision's agent binary could not be read.
+    #[error(transparent)]
+    Binary(#[from] std::io::Error),
     /// What was being done when `source` failed.
     #[error("{what}")]
     While {
@@ -335,16 +350,25 @@ impl<'a, A: Api> Session<'a, A> {
         Ok(A::read_only(&self.api(node)?))
     }
 
-    /// The SSH (as root) to node `name`: the session's pool, logged in once.
-    pub fn node_ssh(&self, name: &str) -> Result<Arc<dyn Transport>, SessionError> {
+    /// The SSH (as root) to node `name`: the session's pool, logged in once. Private to
+    /// the session: outside it, node SSH is reached only as a [`NodeProbe`] (reads) or
+    /// through a write session's writers.
+    fn node_ssh(&self, name: &str) -> Result<Arc<dyn Transport>, SessionError> {
         let pool = self
             .node_ssh
             .get(name, || ssh::node_pool(self.loaded, name, &self.settings))?;
         Ok(Pool::transport(&pool))
     }
 
+    /// The node's SSH as a plan reads it: a fixed set of read-only commands, on the
+    /// session's pool for node `name`.
+    pub fn node_probe(&self, name: &str) -> Result<NodeProbe, SessionError> {
+        Ok(NodeProbe::new(self.node_ssh(name)?))
+    }
+
     /// The SSH to the guest of container `name`: the session's pool, logged in once.
-    pub fn guest_ssh(&self, name: &str) -> Result<Arc<dyn Transport>, SessionError> {
+    /// Private to the session, as `node_ssh` is.
+    fn guest_ssh(&self, name: &str) -> Result<Arc<dyn Transport>, SessionError> {
         let pool = self
             .guest_ssh
             .get(name, || ssh::guest_pool(self.loaded, name, &self.settings))?;

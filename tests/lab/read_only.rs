@@ -1,10 +1,11 @@
 //! `plan` and `check` change nothing on a target: the container's config in the lab's
-//! PVE root, the guest's files under /etc and /root (content, mode, owner, mtime) and the
-//! known_hosts file are taken before and after both ran against a container and guest
-//! with changes pending (a file's content and the container's memory), and must be
-//! identical. The one thing a read may leave, the agent binary in the target's cache
-//! (`/var/lib/provision/bin`), is outside what is compared, as documented in
-//! `cli/session.rs`. The node's own filesystem is not compared: the lab's node is this
+//! PVE root, the guest's files under /etc, /root and /var/lib/provision (content, mode,
+//! owner, mtime) and the known_hosts file are taken before and after both ran against a
+//! container and guest with changes pending (a file's content and the container's memory),
+//! and must be identical. The one thing a read may leave, the agent binary in the target's
+//! cache (`/var/lib/provision/bin`), is outside what is compared, as documented in
+//! `src/session/mod.rs`; the cache is emptied first, so the read is seen to push it there
+//! and nothing else. The node's own filesystem is not compared: the lab's node is this
 //! machine, shared by every lab's tests; what a container target could write on it is its
 //! config, which is.
 
@@ -17,8 +18,10 @@ fn snapshot(cli: &Cli, ct: &Ct) -> String {
         std::fs::read_to_string(cli.dir.path().join("known_hosts")).expect("known_hosts");
     let guest = cli.guest(
         ct,
-        "find /etc /root -xdev -printf '%p %y %m %u %g %s %T@ %l\\n' | sort && \
-         find /etc /root -xdev -type f -exec sha256sum {} + | sort",
+        "find /etc /root /var/lib/provision -xdev -path /var/lib/provision/bin -prune \
+           -o -printf '%p %y %m %u %g %s %T@ %l\\n' | sort && \
+         find /etc /root /var/lib/provision -xdev -path /var/lib/provision/bin -prune \
+           -o -type f -exec sha256sum {} + | sort",
     );
     format!("== config\n{conf}\n== known_hosts\n{known_hosts}\n== guest\n{guest}")
 }
@@ -34,6 +37,8 @@ fn plan_and_check_leave_container_guest_and_known_hosts_as_they_found_them() {
     ct.content = "hello = 2\n";
     ct.memory = "640M";
     cli.write(&ct, true);
+    // The agent cache emptied: the read pushes the binary again, its one write.
+    cli.guest(&ct, "rm -f /var/lib/provision/bin/provision-*");
     let before = snapshot(&cli, &ct);
     let plan = cli.expect(&["plan"], 0);
     assert!(
@@ -50,6 +55,11 @@ fn plan_and_check_leave_container_guest_and_known_hosts_as_they_found_them() {
             .to_string();
         panic!("plan/check changed the target:\n{diff}");
     }
+    let cache = cli.guest(&ct, "ls /var/lib/provision/bin");
+    assert!(
+        cache.lines().count() == 1 && cache.starts_with("provision-"),
+        "the read pushed one agent binary into the cache: {cache:?}"
+    );
     // And the snapshot sees a real change: apply makes one.
     cli.expect(&["apply", "--yes"], 0);
     assert_ne!(

@@ -5,24 +5,21 @@
 //! storage makes it earlier in the same apply. Read with the node's API
 //! (`GET /nodes/{node}/storage`) and its SSH (`test -d`, one round trip per node).
 
-use super::from_session;
+use super::{Api, Session, SessionError};
 use crate::diagnostic::Diagnostic;
 use crate::inventory::Loaded;
 use crate::node::NodeError;
-use crate::node::probe::NodeProbe;
 use crate::plan::{Action, Plan, Target};
-use crate::printer::Printer;
 use crate::resources::ResourceSpec;
-use crate::session::{Api, Session};
 
 /// Refuses the plan, naming each value, when a container it creates or changes assumes a
 /// storage or a host directory its node does not have.
-pub fn refuse_missing<A: Api>(
+pub(super) fn refuse_missing<A: Api>(
     plan: &Plan,
     loaded: &Loaded,
     conns: &Session<'_, A>,
-    printer: &Printer,
-) -> anyhow::Result<()> {
+) -> Result<(), SessionError> {
+    let printer = conns.printer;
     let mut missing: Vec<(crate::inventory::Pos, String, String)> = Vec::new();
     for t in &plan.targets {
         let Target::Container { node, name, .. } = &t.target else {
@@ -45,7 +42,7 @@ pub fn refuse_missing<A: Api>(
             )
         });
         if creates {
-            let api = conns.api_reader(node).map_err(from_session)?;
+            let api = conns.api_reader(node)?;
             let data = api.get(&api.node_path("/storage"), &[])?;
             let storages: Vec<(String, String)> = data
                 .as_array()
@@ -104,8 +101,8 @@ pub fn refuse_missing<A: Api>(
         let dirs: Vec<&str> = paths.iter().map(|m| m.host.as_str()).collect();
         // A node whose SSH is not needed for this plan (root@pam's password writes bind
         // mounts through the API) and does not answer is said so, not made fatal.
-        let probe = match conns.node_ssh(node) {
-            Ok(t) => NodeProbe::new(t),
+        let probe = match conns.node_probe(node) {
+            Ok(probe) => probe,
             Err(e) => {
                 printer.warn(&format!(
                     "container.{name}: the bind mounts' host directories were not checked (node `{node}`'s SSH: {})",

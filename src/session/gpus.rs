@@ -1,10 +1,12 @@
-//! What the commands read from the Proxmox node itself over node SSH before planning:
-//! the GPUs of nodes whose containers pass GPUs through.
+//! What a plan reads from the Proxmox node itself before planning, over the node's SSH as
+//! a [`NodeProbe`] (a fixed set of read-only commands: the session's raw node transport is
+//! not reachable from here): the GPUs of nodes whose containers pass GPUs through, the GPU
+//! checks inside running containers, and what root-only lines need of a node.
 
 use std::collections::HashMap;
 
-use super::from_session;
-use super::targets::TargetArgs;
+use super::plan::ReadOptions;
+use super::{Api, Session, SessionError};
 use crate::compile::render::passthrough::passthrough_lines;
 use crate::compile::{Library, desired_state};
 use crate::diagnostic::{Diagnostic, Diagnostics};
@@ -16,25 +18,23 @@ use crate::node::gpu_check;
 use crate::node::probe::NodeProbe;
 use crate::plan::Target;
 use crate::plan::{Action, Attribute, Change, Plan};
-use crate::printer::Printer;
 use crate::resources::Resource;
 use crate::resources::ResourceSpec;
 use crate::resources::pve_lines::is_dev_key;
-use crate::session::{Api, Session};
 use crate::timing;
 
 /// The desired state, computed once: the passthrough lines of every selected GPU container
 /// rendered from its node's live GPU facts (read over the session's node SSH, one round trip
 /// per node) instead of the offline assumption; a GPU the node does not have is an error at
 /// its line.
-pub fn with_live_gpus<A: Api>(
+pub(super) fn with_live_gpus<A: Api>(
     library: &Library,
     session: &Session<'_, A>,
-    targets: &TargetArgs,
-    printer: &Printer,
-) -> anyhow::Result<(Vec<DesiredTarget>, LiveNodes)> {
+    options: &ReadOptions,
+) -> Result<(Vec<DesiredTarget>, LiveNodes), SessionError> {
     let mut live = LiveNodes::new();
     let loaded = session.loaded();
+    let printer = session.printer;
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
     // The container's target as `--target` spells it (its guest's name selects the
     // guest's resources, not the container's passthrough lines).
@@ -45,7 +45,7 @@ pub fn with_live_gpus<A: Api>(
             vmid,
         }
         .names();
-        targets.targets.is_empty() || targets.targets.iter().any(|w| *w == full || *w == short)
+        options.targets.is_empty() || options.targets.iter().any(|w| *w == full || *w == short)
     };
     let mut read: HashMap<String, NodeGpus> = HashMap::new();
     for (node_name, node) in &loaded.inventory.nodes {
@@ -66,7 +66,7 @@ pub fn with_live_gpus<A: Api>(
             continue;
         }
         printer.status(&format!("reading the GPUs of node {node_name}"));
-        let probe = NodeProbe::new(session.node_ssh(node_name.as_str()).map_err(from_session)?);
+        let probe = session.node_probe(node_name.as_str())?;
         let gpus = probe.gpus(&root)?;
         for (name, g) in with_gpus {
             // The lines themselves come from the role below; this refuses, at the
@@ -109,20 +109,20 @@ pub fn with_live_gpus<A: Api>(
 
 /// The nodes whose GPU facts were read (over a read-only [`NodeProbe`]), with what they
 /// read, by node name.
-pub type LiveNodes = HashMap<String, (NodeProbe, NodeGpus)>;
+pub(super) type LiveNodes = HashMap<String, (NodeProbe, NodeGpus)>;
 
 /// The GPU checks inside every running container whose passthrough lines are as
 /// declared (one `pct exec` over the node session that read the facts): a container that
 /// does not see exactly its GPUs (lines written while it ran, a driver reloaded under it)
 /// is drift of its passthrough lines, planned as such (apply writes nothing new and
 /// restarts it when `restart: allowed`).
-pub fn gpu_checks(
+pub(super) fn gpu_checks<A: Api>(
     plan: Plan,
     desired: &[DesiredTarget],
     live: &LiveNodes,
-    running: &dyn Fn(&str, u64) -> bool,
-    printer: &Printer,
-) -> anyhow::Result<Plan> {
+    session: &Session<'_, A>,
+) -> Result<Plan, SessionError> {
+    let printer = session.printer;
     let mut targets = plan.targets;
     for t in &mut targets {
         let Target::Container { node, vmid, .. } = &t.target else {
@@ -134,7 +134,7 @@ pub fn gpu_checks(
         if t.changes
             .iter()
             .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-            || !running(node, *vmid)
+            || !session.running(node, *vmid)
         {
             continue;
         }
@@ -204,11 +204,11 @@ fn container_name(t: &Target) -> Option<&str> {
 /// has no SSH (a token, even root's, cannot write `devN` or raw `lxc.*` lines, and raw
 /// lines cannot be written through the API at all), or `devN` entries on a node older
 /// than Proxmox VE 8.1.
-pub fn refuse_root_only<A: Api>(
+pub(super) fn refuse_root_only<A: Api>(
     plan: &Plan,
     loaded: &Loaded,
     conns: &Session<'_, A>,
-) -> anyhow::Result<()> {
+) -> Result<(), SessionError> {
     let mut blocked = Vec::new();
     for t in &plan.targets {
         let Target::Container { node, .. } = &t.target else {
@@ -230,7 +230,7 @@ pub fn refuse_root_only<A: Api>(
                     keys.join(", ")
                 ));
             } else if spec.pairs().iter().any(|(k, _)| is_dev_key(k)) {
-                let version = conns.api_reader(node).map_err(from_session)?.version()?;
+                let version = conns.api_reader(node)?.version()?;
                 if !version.has_dev_passthrough() {
                     blocked.push(format!(
                         "{}: `devN` entries need Proxmox VE 8.1 or later; node `{node}` runs {}",

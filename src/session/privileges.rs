@@ -8,22 +8,21 @@
 
 use std::collections::BTreeMap;
 
-use super::from_session;
+use super::{Api, Session, SessionError};
 use crate::inventory::Loaded;
 use crate::plan::{Action, Plan, Target};
 use crate::resources::ResourceSpec;
-use crate::session::{Api, Session};
 
 /// One privilege a change needs: path, privilege (any of several), why.
 type Need = (String, Vec<&'static str>, String);
 
 /// Refuses the plan when a node reached with an API token lacks a privilege one of its
 /// container changes needs.
-pub fn refuse_missing<A: Api>(
+pub(super) fn refuse_missing<A: Api>(
     plan: &Plan,
     loaded: &Loaded,
     conns: &Session<'_, A>,
-) -> anyhow::Result<()> {
+) -> Result<(), SessionError> {
     let mut lacking: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in &plan.targets {
         let Target::Container { node, vmid, .. } = &t.target else {
@@ -47,7 +46,7 @@ pub fn refuse_missing<A: Api>(
         if needs.is_empty() {
             continue;
         }
-        let api = conns.api_reader(node).map_err(from_session)?;
+        let api = conns.api_reader(node)?;
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (path, privs, why) in needs {
             if !held.contains_key(&path) {

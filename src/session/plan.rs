@@ -1,0 +1,159 @@
+//! A plan read through a session: the desired state computed once with the nodes' live GPU
+//! facts, the selected targets read concurrently, then checked against the nodes before
+//! anything changes (root-only lines, keyless creates, storages and host directories, a
+//! token's privileges) and the GPU checks inside running containers. Only reads, whatever
+//! the session: the engine's plan is handed readers alone.
+
+use std::sync::Arc;
+
+use super::{Api, Session, SessionError, Settings, assumed, gpus, privileges, ssh};
+use crate::agent::client::AgentBinary;
+use crate::compile::Library;
+use crate::diagnostic::Diagnostic;
+use crate::engine::schedule::Limits;
+use crate::engine::{DesiredTarget, reconcile, removal};
+use crate::inventory::Loaded;
+use crate::plan::Target;
+use crate::printer::Printer;
+use crate::timing;
+
+/// What the command line says about reading a plan.
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    /// Only these targets (`--target`, as [`select`] reads them); all when empty.
+    pub targets: Vec<String>,
+    /// The agents re-hash every model file.
+    pub verify_full: bool,
+    /// Plan deleting model folders no longer declared.
+    pub prune_models: bool,
+    /// Plan destroying containers this inventory created and no longer declares.
+    pub allow_destroy: bool,
+    /// `--migrate`: refused, not built yet.
+    pub migrate: bool,
+    /// How many targets are read at once.
+    pub limits: Limits,
+}
+
+impl<'a, A: Api> Session<'a, A> {
+    /// A session on `loaded` with `settings` and this provision's agent binary (hashed once
+    /// for the whole run): a [`ReadSession`](super::ReadSession) for `plan` and `check`, a
+    /// [`WriteSession`](super::WriteSession) for `apply`.
+    pub fn open(
+        loaded: &'a Loaded,
+        settings: Settings,
+        printer: &'a Printer,
+    ) -> Result<Self, SessionError> {
+        let binary = Arc::new(timing::time("agent binary: load", AgentBinary::current)?);
+        Ok(Session::new(loaded, settings, binary, printer))
+    }
+
+    /// Reads the selected targets, concurrently as `options.limits` allows, and plans
+    /// against those that could be read; the others are returned with their errors.
+    pub fn plan(
+        &self,
+        inventory: &str,
+        library: &Library,
+        options: &ReadOptions,
+    ) -> Result<reconcile::PartialPlan, SessionError> {
+        if options.migrate {
+            return Err(Diagnostic::new(
+                "--migrate: moving a container between the nodes of a cluster is not built yet; nothing was read or changed",
+            )
+            .hint(crate::resources::container::MIGRATE_NOT_BUILT)
+            .into());
+        }
+        let loaded = self.loaded();
+        let (desired, live) = timing::time("gpus: live facts", || {
+            gpus::with_live_gpus(library, self, options)
+        })?;
+        let undeclared = undeclared(&desired, loaded, options);
+        let desired = select(desired, &options.targets)?;
+        let desired = ssh::with_login_keys(desired, loaded, self.settings());
+        self.warn_insecure();
+        self.reading(&desired);
+        let printer = self.printer;
+        let mut read = reconcile::plan(
+            inventory,
+            &desired,
+            options.verify_full,
+            &undeclared,
+            &options.limits,
+            &|d| {
+                printer.status(&format!("reading {}", d.target.heading()));
+                self.reader(d)
+                    .map_err(|e| Box::new(e) as crate::engine::error::OpenError)
+            },
+        );
+        gpus::refuse_root_only(&read.plan, loaded, self)?;
+        ssh::refuse_keyless_creates(&read.plan, loaded, self.settings())?;
+        assumed::refuse_missing(&read.plan, loaded, self)?;
+        privileges::refuse_missing(&read.plan, loaded, self)?;
+        read.plan = timing::time("gpus: checks", || {
+            gpus::gpu_checks(read.plan, &desired, &live, self)
+        })?;
+        Ok(read)
+    }
+}
+
+/// The desired targets `targets` selects (all when empty), each named as `--target` spells
+/// it; an unknown name is an error.
+pub fn select(
+    desired: Vec<DesiredTarget>,
+    targets: &[String],
+) -> Result<Vec<DesiredTarget>, SessionError> {
+    if targets.is_empty() {
+        return Ok(desired);
+    }
+    for wanted in targets {
+        let known = desired.iter().any(|d| {
+            let (full, short) = d.target.names();
+            *wanted == full || *wanted == short
+        });
+        if !known {
+            let names: Vec<String> = desired.iter().map(|d| d.target.names().0).collect();
+            return Err(
+                Diagnostic::new(format!("no target `{wanted}` in the inventory"))
+                    .hint(format!("targets: {}", names.join(", ")))
+                    .into(),
+            );
+        }
+    }
+    Ok(desired
+        .into_iter()
+        .filter(|d| {
+            let (full, short) = d.target.names();
+            targets.iter().any(|w| *w == full || *w == short)
+        })
+        .collect())
+}
+
+/// What the plan does with what is no longer declared: containers this inventory created
+/// are looked for on every node in a plan of the whole inventory (none with `--target`,
+/// which reads only what it names); every vmid of the inventory counts as declared.
+fn undeclared(
+    desired: &[DesiredTarget],
+    loaded: &Loaded,
+    options: &ReadOptions,
+) -> removal::Undeclared {
+    let containers = |d: &DesiredTarget| match &d.target {
+        Target::Container { node, vmid, .. } => Some((node.clone(), *vmid)),
+        _ => None,
+    };
+    let declared: Vec<(String, u64)> = desired.iter().filter_map(containers).collect();
+    let nodes: Vec<String> = match options.targets.is_empty() {
+        true => loaded
+            .inventory
+            .nodes
+            .keys()
+            .map(|n| n.to_string())
+            .collect(),
+        false => Vec::new(),
+    };
+    removal::Undeclared {
+        prune_models: options.prune_models,
+        allow_destroy: options.allow_destroy,
+        declared: declared.into_iter().map(|(_, v)| v).collect(),
+        nodes,
+        owner: super::owner(loaded),
+    }
+}
