@@ -626,6 +626,9 @@ impl Step {
                 super::managed::Entry::File { path, .. } => format!("remove {path}"),
                 super::managed::Entry::Model { path, .. } => format!("delete model folder {path}"),
                 super::managed::Entry::Container { vmid, .. } => format!("destroy CT {vmid}"),
+                super::managed::Entry::PveLines { vmid, label, .. } => {
+                    format!("remove CT {vmid}'s {label} lines")
+                }
             },
             Step::SwitchGeneration { links, .. } => format!(
                 "switch {} to generation {}",
