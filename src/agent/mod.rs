@@ -152,9 +152,9 @@ mod tests {
                 if i % 2 == 0 {
                     std::fs::write(&path, format!("file {i}\n")).unwrap();
                 }
-                Probe::Path {
+                Probe::Path(crate::resources::file::PathProbe {
                     path: path.display().to_string(),
-                }
+                })
             })
             .collect();
         let request = serde_json::to_string(&Request::Probe {

@@ -86,6 +86,7 @@ impl TargetArgs {
             verify_full: self.verify_full,
             prune_models: self.prune_models,
             allow_destroy: self.allow_destroy,
+            allow_downtime: self.allow_downtime,
             migrate: self.migrate,
             limits: self.limits(),
         }

@@ -55,9 +55,10 @@ pub fn check(
         let ResourceSpec::Model(m) = &c.spec else {
             continue;
         };
-        let Some(fs) = facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
-            path: m.path.clone(),
-        }))?
+        let Some(fs) =
+            facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
+                path: m.path.clone(),
+            }))?
         else {
             continue;
         };
@@ -70,9 +71,11 @@ pub fn check(
             }
         };
         let have = facts
-            .folder_size(&Probe::FolderSize(crate::resources::managed::FolderSizeProbe {
-                path: m.path.clone(),
-            }))?
+            .folder_size(&Probe::FolderSize(
+                crate::resources::managed::FolderSizeProbe {
+                    path: m.path.clone(),
+                },
+            ))?
             .copied()
             .unwrap_or(0);
         let fetch = total.saturating_sub(have);
@@ -105,7 +108,11 @@ pub fn check(
         let Some(bytes) = removal.model_bytes(facts)? else {
             continue;
         };
-        let Some(fs) = facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe { path: path.clone() }))? else {
+        let Some(fs) =
+            facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
+                path: path.clone(),
+            }))?
+        else {
             continue;
         };
         gone.entry(fs.fsid).or_default().push(Gone {

@@ -9,6 +9,7 @@ use crate::access::TargetReader;
 use crate::plan::{ReadStamp, Target, TargetPlan};
 use crate::resources::ResourceSpec;
 use crate::resources::managed::{self, Entry, Record, Removal};
+use crate::resources::pve_lines;
 use crate::resources::wire::{Fact, Facts, Probe};
 
 /// What `plan` does with what the inventory no longer declares.
@@ -138,6 +139,51 @@ fn undeclared_plan(
     Ok(plan)
 }
 
+/// The removals of the labels whose lines the description of container `vmid` records
+/// and that no `pve_lines` of `d` declares. A container with no record (made by an older
+/// provision, or adopted) has nothing known to remove.
+fn lines_removals(
+    d: &DesiredTarget,
+    facts: &Facts,
+    vmid: u64,
+) -> Result<Vec<Desired>, EngineError> {
+    let probe = Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid });
+    let Ok(Some(found)) = facts.pve_container(&probe) else {
+        return Ok(Vec::new());
+    };
+    let declared: Vec<&str> = d
+        .resources
+        .iter()
+        .filter_map(|r| match &r.spec {
+            ResourceSpec::PveLines(l) => Some(l.label.as_str()),
+            _ => None,
+        })
+        .collect();
+    Ok(pve_lines::recorded(found.current("description"))
+        .into_iter()
+        .filter(|(label, _)| !declared.contains(&label.as_str()))
+        .map(|(label, lines)| Desired {
+            spec: ResourceSpec::Removed(Removal {
+                entry: Entry::PveLines { vmid, label, lines },
+                prune: false,
+                absent: false,
+            }),
+            role: None,
+        })
+        .collect())
+}
+
+/// Whether `spec` removes a role's lines from a container's config (over node SSH).
+pub fn removes_lines(spec: &ResourceSpec) -> bool {
+    matches!(
+        spec,
+        ResourceSpec::Removed(Removal {
+            entry: Entry::PveLines { .. },
+            ..
+        })
+    )
+}
+
 /// Whether `spec` destroys a container (a removal of an [`Entry::Container`]).
 pub fn destroys_container(spec: &ResourceSpec) -> Option<u64> {
     match spec {
@@ -164,6 +210,12 @@ pub fn read_target(
     }
     let mut facts = reader.read(&probes)?;
     let mut d = d.clone();
+    if let Target::Container { vmid, .. } = d.target {
+        // Lines a role no longer declared had provision write, from the record in the
+        // container's description (read with its config): removed with the role.
+        let gone = lines_removals(&d, &facts, vmid)?;
+        d.resources = gone.into_iter().chain(d.resources).collect();
+    }
     let record = match guest {
         true => facts
             .managed(&Probe::Managed(crate::resources::managed::ManagedProbe {}))?

@@ -234,9 +234,13 @@ pub fn apply(
     if !edit.set.is_empty() || !edit.delete.is_empty() {
         now = pct_set(node, file, now.digest(), &edit.set, &edit.delete)?;
     }
+    // The description (the record of the lines written) goes with the raw lines, in the
+    // last write: a kill between the two writes leaves options written and unrecorded,
+    // which are never removed, and the next apply records them.
     let lines = ConfigEdit {
         add_lxc: edit.add_lxc.clone(),
         remove_lxc: edit.remove_lxc.clone(),
+        description: edit.description.clone(),
         ..Default::default()
     };
     if !lines.is_empty() {

@@ -190,6 +190,7 @@ mod tests {
             label: "gpu-passthrough".into(),
             lines: lines.iter().map(|l| l.to_string()).collect(),
             owner: None,
+            retire: Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use super::gpu_check;
 use crate::access::{
     AccessError, ApiOp, ApiTarget, NodeOp, Op, OpOutcome, TargetReader, TargetWriter,
 };
-use crate::resources::pve_lines::PveLinesSpec;
+use crate::resources::pve_lines::{self, PveLinesSpec, place_devs};
 use crate::resources::wire::{Facts, Probe};
 use crate::transport::Transport;
 
@@ -65,8 +65,10 @@ impl NodeSteps {
             attempt += 1;
             let before =
                 config_edit::read(self.node.as_ref(), &file).map_err(|e| node_err(address, e))?;
-            let edit =
-                config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &|k, v| spec.owns(k, v));
+            let owns = |k: &str, v: &str| spec.owns(k, v);
+            let mut edit = config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &owns);
+            edit.description = record(&before, spec, &place_devs(&wanted, &before.pairs(), &owns))
+                .map_err(|e| node_err(address, e))?;
             if edit.is_empty() {
                 break edit;
             }
@@ -93,6 +95,12 @@ impl NodeSteps {
                 file.path,
                 edit.add_lxc.len(),
                 edit.remove_lxc.len()
+            ));
+        }
+        if edit.description.is_some() {
+            done.push(format!(
+                "the lines of `{}` recorded in its description",
+                spec.label
             ));
         }
         if done.is_empty() {
@@ -152,6 +160,37 @@ impl NodeSteps {
             millis: started.elapsed().as_millis() as u64,
         }))
     }
+}
+
+/// The description recording `placed` (the lines as written, `devN` keys where they were
+/// placed) for `spec`'s label, when it is not what `before` has; `None` for a container's
+/// own root-only options (the container's spec decides about those) and when the record
+/// is already as it will be. Refused beyond Proxmox's limit on a description.
+fn record(
+    before: &config_edit::RawConfig,
+    spec: &PveLinesSpec,
+    placed: &[(String, String)],
+) -> Result<Option<String>, NodeError> {
+    if spec.label == crate::resources::container::ROOT_ONLY_LABEL {
+        return Ok(None);
+    }
+    let now = before.conf.get("description");
+    let new = pve_lines::with_record(now, &spec.label, placed);
+    if new == now.unwrap_or_default() {
+        return Ok(None);
+    }
+    if new.len() > pve_lines::MAX_DESCRIPTION {
+        return Err(NodeError::BadConfig {
+            path: format!("CT {}", spec.vmid),
+            detail: format!(
+                "the description with the record of the `{}` lines would be {} bytes, over Proxmox's limit of {}; shorten the container's description",
+                spec.label,
+                new.len(),
+                pve_lines::MAX_DESCRIPTION
+            ),
+        });
+    }
+    Ok(Some(new))
 }
 
 fn node_err(address: &str, e: super::NodeError) -> AccessError {

@@ -19,6 +19,11 @@ pub struct ConfigEdit {
     pub add_lxc: Vec<(String, String)>,
     /// Raw `lxc.*` lines to remove.
     pub remove_lxc: Vec<(String, String)>,
+    /// The description to write (empty: none), when it changes: it carries the record of
+    /// the lines provision wrote ([`super::pve_lines::RECORD_PREFIX`]), written in the
+    /// locked file write with the raw lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
 }
 
 impl ConfigEdit {
@@ -62,6 +67,7 @@ impl ConfigEdit {
             && self.delete.is_empty()
             && self.add_lxc.is_empty()
             && self.remove_lxc.is_empty()
+            && self.description.is_none()
     }
 
     /// `conf` with the edit made to its current section; the pending and snapshot
@@ -80,6 +86,15 @@ impl ConfigEdit {
             if !main.lxc.contains(l) {
                 main.lxc.push(l.clone());
             }
+        }
+        match self.description.as_deref() {
+            Some("") => {
+                main.props.remove("description");
+            }
+            Some(d) => {
+                main.props.insert("description".into(), d.to_string());
+            }
+            None => {}
         }
         out
     }
@@ -108,6 +123,11 @@ impl ConfigEdit {
                 wrong.push(format!("`{}: {}` is still there", l.0, l.1));
             }
         }
+        if let Some(d) = &self.description
+            && conf.get("description").unwrap_or_default() != d.as_str()
+        {
+            wrong.push("the description (the record of lines written) is not as written".into());
+        }
         if wrong.is_empty() {
             Ok(())
         } else {
@@ -134,6 +154,7 @@ mod tests {
             delete: vec!["memory".into()],
             add_lxc: vec![("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into())],
             remove_lxc: vec![("lxc.apparmor.profile".into(), "unconfined".into())],
+            description: None,
         };
         let before = CtConfig::parse(CONF).unwrap();
         let out = edit.apply_to(&before).to_raw();

@@ -173,6 +173,7 @@ impl ContainerSpec {
             label: ROOT_ONLY_LABEL.into(),
             lines,
             owner: None,
+            retire: Vec::new(),
         })
     }
 

@@ -77,6 +77,17 @@ pub enum Entry {
         /// The inventory file that created it (from the marker).
         owner: String,
     },
+    /// Config lines a role no longer declared had provision write into a container's
+    /// config, as the container's description records them
+    /// ([`super::pve_lines::RECORD_PREFIX`]): never in a guest's record.
+    PveLines {
+        /// The container.
+        vmid: u64,
+        /// The role's label for them.
+        label: String,
+        /// `key: value`, as written.
+        lines: Vec<String>,
+    },
 }
 
 impl Entry {
@@ -110,6 +121,7 @@ impl Entry {
             Entry::Service { .. } => "service",
             Entry::Model { .. } => "model",
             Entry::Container { .. } => "container",
+            Entry::PveLines { .. } => "pve_lines",
         }
     }
 
@@ -118,13 +130,14 @@ impl Entry {
             Entry::File { path, .. } | Entry::Model { path, .. } => path.clone(),
             Entry::Service { unit } => unit.clone(),
             Entry::Container { vmid, .. } => vmid.to_string(),
+            Entry::PveLines { vmid, label, .. } => format!("{vmid} {label}"),
         }
     }
 
     /// Removal order: what holds a port or GPUs first, then files, then data.
     fn order(&self) -> u8 {
         match self {
-            Entry::Service { .. } => 0,
+            Entry::Service { .. } | Entry::PveLines { .. } => 0,
             Entry::File { .. } => 1,
             Entry::Model { .. } => 2,
             Entry::Container { .. } => 3,
@@ -244,7 +257,7 @@ impl Resource for Removal {
                 Probe::Unit(crate::resources::service::UnitProbe { name: unit.clone() })
             }
             Entry::Model { path, .. } => Probe::FolderSize(FolderSizeProbe { path: path.clone() }),
-            Entry::Container { vmid, .. } => {
+            Entry::Container { vmid, .. } | Entry::PveLines { vmid, .. } => {
                 Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid: *vmid })
             }
         }];
@@ -308,6 +321,7 @@ impl Resource for Removal {
                 _ => None,
             },
             Entry::Container { .. } => super::undeclared::diff(self, facts)?,
+            Entry::PveLines { .. } => super::pve_lines::removal_diff(self, facts)?,
         })
     }
 
@@ -318,6 +332,7 @@ impl Resource for Removal {
                 _ => Vec::new(),
             },
             Entry::Container { .. } => super::undeclared::warnings(self, facts),
+            Entry::PveLines { .. } => super::pve_lines::removal_warnings(self, facts),
             Entry::File { path, .. } => match self.file_state(facts) {
                 Ok(FileState::Changed) => vec![format!(
                     "file {path} is no longer declared but changed since provision wrote it: kept"
@@ -328,7 +343,7 @@ impl Resource for Removal {
         }
     }
 
-    fn ops(&self, change: &Change, _: &Allowed) -> Result<Vec<Op>, StepsError> {
+    fn ops(&self, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
         if let Entry::Container { vmid, .. } = &self.entry {
             // Stopped, then destroyed through the node's API (host bind mounts kept);
             // apply refuses the plan without `--allow-destroy`.
@@ -336,6 +351,9 @@ impl Resource for Removal {
                 address: change.address.clone(),
                 vmid: *vmid,
             })]);
+        }
+        if let Entry::PveLines { .. } = &self.entry {
+            return super::pve_lines::removal_ops(self, change, allowed);
         }
         guest(vec![Step::Remove(self.clone())])
     }
@@ -440,6 +458,9 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
         Entry::Container { vmid, .. } => {
             return Err(format!("CT {vmid} is destroyed through its node's API").into());
         }
+        Entry::PveLines { vmid, .. } => {
+            return Err(format!("CT {vmid}'s config lines are removed over its node's SSH").into());
+        }
     }
     Ok(())
 }
@@ -503,6 +524,9 @@ impl crate::resources::wire::AgentStep for Removal {
             Entry::File { path, .. } => format!("remove {path}"),
             Entry::Model { path, .. } => format!("delete model folder {path}"),
             Entry::Container { vmid, .. } => format!("destroy CT {vmid}"),
+            Entry::PveLines { vmid, label, .. } => {
+                format!("remove CT {vmid}'s {label} lines")
+            }
         }
     }
 

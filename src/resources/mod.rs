@@ -254,7 +254,13 @@ impl ResourceSpec {
         match self {
             ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
             // A container no longer declared is destroyed through its node's API.
-            ResourceSpec::Removed(r) if matches!(r.entry, managed::Entry::Container { .. }) => {
+            // So are lines in its config a role no longer declared had provision write.
+            ResourceSpec::Removed(r)
+                if matches!(
+                    r.entry,
+                    managed::Entry::Container { .. } | managed::Entry::PveLines { .. }
+                ) =>
+            {
                 TargetKind::Container
             }
             ResourceSpec::ModelStorage(_)

@@ -4,9 +4,120 @@
 use super::op::{Allowed, ApiOp, NodeOp, Op};
 use serde::{Deserialize, Serialize};
 
+use super::container::PveContainerFact;
+use super::managed::{Entry, Removal};
 use super::wire::{Facts, NotRead, Probe};
 use super::{Delta, Resource, StepsError};
 use crate::plan::{Action, Attribute, Change};
+
+/// The prefix of a description line recording one config line provision wrote for a
+/// label: `provision: line=<label> <key>: <value>`. The record lives in the container's
+/// description (Proxmox keeps it as `#` comment lines on top of `lxc/<vmid>.conf`), so it
+/// is written in the same locked file write as the raw lines, travels with the config
+/// (a backup, a move to another node) and is read with the config, no extra round trip.
+pub const RECORD_PREFIX: &str = "provision: line=";
+
+/// Proxmox's limit on a container's description (`maxLength` of `description` in the
+/// config API's schema): the record must fit in it.
+pub const MAX_DESCRIPTION: usize = 8192;
+
+/// The lines the description records, per label, in order: `(label, lines)`.
+pub fn recorded(description: Option<&str>) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for l in description.unwrap_or_default().lines() {
+        let Some((label, line)) = l
+            .strip_prefix(RECORD_PREFIX)
+            .and_then(|r| r.split_once(' '))
+        else {
+            continue;
+        };
+        match out.iter_mut().find(|(have, _)| have == label) {
+            Some((_, lines)) => lines.push(line.trim().to_string()),
+            None => out.push((label.to_string(), vec![line.trim().to_string()])),
+        }
+    }
+    out
+}
+
+/// `description` with the record of `label` made `lines` (none: the label's record is
+/// dropped); the other lines, the user's and the marker, as they were. An empty result is
+/// no description.
+pub fn with_record(description: Option<&str>, label: &str, lines: &[(String, String)]) -> String {
+    let own = format!("{RECORD_PREFIX}{label} ");
+    let mut out: String = description
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with(&own))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (k, v) in lines {
+        out.push_str(&format!("{own}{k}: {v}\n"));
+    }
+    out
+}
+
+/// The lines of a container as they stand once it restarts: the current ones, less those
+/// queued for deletion, with the values queued in `[pve:pending]` (a `pct set` on a running
+/// container) in their place.
+pub fn found_lines(fact: Option<&PveContainerFact>) -> Vec<(String, String)> {
+    let Some(f) = fact else {
+        return Vec::new();
+    };
+    let mut found: Vec<(String, String)> = f
+        .config
+        .iter()
+        .filter(|(k, _)| !f.pending_delete.contains(k))
+        .cloned()
+        .collect();
+    for (k, v) in &f.pending {
+        found.retain(|(fk, _)| fk != k);
+        found.push((k.clone(), v.clone()));
+    }
+    found
+}
+
+/// A recorded line as found now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedLine {
+    /// There as provision wrote it: removed with its role.
+    AsWritten(String, String),
+    /// Changed by hand since (the same key, device or mount, another value): kept.
+    Changed {
+        /// As recorded.
+        written: String,
+        /// As found.
+        found: String,
+    },
+    /// No longer there.
+    Gone,
+}
+
+/// What became of each line `recorded` for a label in `found`.
+pub fn recorded_state(recorded: &[String], found: &[(String, String)]) -> Vec<RecordedLine> {
+    recorded
+        .iter()
+        .map(|line| {
+            let Some((k, v)) = line.split_once(':').map(|(k, v)| (k.trim(), v.trim())) else {
+                return RecordedLine::Gone;
+            };
+            if found.iter().any(|(fk, fv)| fk == k && same_line(k, v, fv)) {
+                return RecordedLine::AsWritten(k.to_string(), v.to_string());
+            }
+            let same_thing = |fk: &str, fv: &str| {
+                fk == k
+                    && (!k.starts_with("lxc.")
+                        || lxc_subject(k, v).is_some() && lxc_subject(fk, fv) == lxc_subject(k, v))
+            };
+            match found.iter().find(|(fk, fv)| same_thing(fk, fv)) {
+                Some((fk, fv)) => RecordedLine::Changed {
+                    written: line.clone(),
+                    found: format!("{fk}: {fv}"),
+                },
+                None => RecordedLine::Gone,
+            }
+        })
+        .collect()
+}
 
 /// Config lines a role owns in one container's config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +134,11 @@ pub struct PveLinesSpec {
     /// entries are owned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<LineOwner>,
+    /// The lines of a role no longer declared, as recorded and found unchanged: the only
+    /// lines these (no lines wanted) own, so exactly they are removed and the record of
+    /// the label dropped; empty for declared lines.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retire: Vec<(String, String)>,
 }
 
 /// What GPU passthrough owns in a config, from the node's live facts: NVIDIA device nodes
@@ -88,6 +204,12 @@ impl PveLinesSpec {
     /// provision's back: it is replaced, not kept beside the wanted one). Any other `devN`
     /// (`/dev/fuse`, `/dev/net/tun`, ...) or `lxc.*` line is the user's and stays.
     pub fn owns(&self, key: &str, value: &str) -> bool {
+        if !self.retire.is_empty() {
+            return self
+                .retire
+                .iter()
+                .any(|(k, v)| k == key && same_line(k, v, value));
+        }
         if self.owner.as_ref().is_some_and(|o| o.owns(key, value)) {
             return true;
         }
@@ -270,24 +392,9 @@ impl Resource for PveLinesSpec {
     }
 
     fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
-        let fact = facts.pve_container(&self.probes()[0])?;
         // Options queued in `[pve:pending]` (a `pct set` on a running container) count as
         // done: they take effect at the next start, as the container's own options do.
-        let mut found: Vec<(String, String)> = fact
-            .map(|f| {
-                f.config
-                    .iter()
-                    .filter(|(k, _)| !f.pending_delete.contains(k))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(f) = fact {
-            for (k, v) in &f.pending {
-                found.retain(|(fk, _)| fk != k);
-                found.push((k.clone(), v.clone()));
-            }
-        }
+        let found = found_lines(facts.pve_container(&self.probes()[0])?);
         let want = place_devs(&self.pairs(), &found, &|k, v| self.owns(k, v));
         let mut d = Delta::new(Action::Update);
         for (k, v) in &want {
@@ -338,6 +445,74 @@ impl Resource for PveLinesSpec {
     }
 }
 
+/// The recorded lines of a removal of [`Entry::PveLines`] as found in the container.
+fn removal_state(r: &Removal, facts: &Facts) -> Result<Vec<RecordedLine>, NotRead> {
+    let Entry::PveLines { lines, .. } = &r.entry else {
+        return Ok(Vec::new());
+    };
+    let found = found_lines(facts.pve_container(&r.probes()[0])?);
+    Ok(recorded_state(lines, &found))
+}
+
+/// A role's lines no longer declared: a `-` change for each line provision recorded that
+/// is still there as written; lines it did not write are never touched, and a recorded
+/// line changed since is kept (named by [`removal_warnings`]).
+pub fn removal_diff(r: &Removal, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+    let Entry::PveLines { label, .. } = &r.entry else {
+        return Ok(None);
+    };
+    let mut d = Delta::new(Action::Delete);
+    for line in removal_state(r, facts)? {
+        if let RecordedLine::AsWritten(k, v) = line {
+            d = d.attr(Attribute::change(&k, Some(v), None));
+        }
+    }
+    if d.attributes.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(d.reason("no longer declared").reason(format!(
+        "the lines provision wrote for `{label}` (recorded in the container's description), still as written: removed over the node's SSH as root, with the record; lines it did not write stay; they take effect at the next start, or at a reboot with `restart: allowed`"
+    ))))
+}
+
+/// The recorded lines of a role no longer declared that were changed by hand since: kept.
+pub fn removal_warnings(r: &Removal, facts: &Facts) -> Vec<String> {
+    let Entry::PveLines { vmid, label, .. } = &r.entry else {
+        return Vec::new();
+    };
+    removal_state(r, facts)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|l| match l {
+            RecordedLine::Changed { written, found } => Some(format!(
+                "CT {vmid}: `{found}` was `{written}` when provision wrote it for `{label}`, no longer declared: changed since, kept"
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The node step removing exactly the recorded lines found as written (and the label's
+/// record), then the start that makes it take effect.
+pub fn removal_ops(r: &Removal, change: &Change, allowed: &Allowed) -> Result<Vec<Op>, StepsError> {
+    let Entry::PveLines { vmid, label, .. } = &r.entry else {
+        return Ok(Vec::new());
+    };
+    let retire = change
+        .attributes
+        .iter()
+        .filter_map(|a| a.before.clone().map(|v| (a.name.clone(), v)))
+        .collect();
+    PveLinesSpec {
+        vmid: *vmid,
+        label: label.clone(),
+        lines: Vec::new(),
+        owner: None,
+        retire,
+    }
+    .ops(change, allowed)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -373,6 +548,7 @@ mod tests {
                 nvidia_majors: vec![195, 238],
                 char_majors: vec![1, 195, 238],
             }),
+            retire: Vec::new(),
         };
         let allow = "lxc.cgroup2.devices.allow";
         // 509: no driver has it any more; 1: the user's rule, kept.
@@ -426,6 +602,7 @@ mod tests {
             label: "gpu-passthrough".into(),
             lines: vec!["dev0: /dev/nvidia0".into(), "dev1: /dev/nvidiactl".into()],
             owner: None,
+            retire: Vec::new(),
         };
         // The user passes /dev/fuse as dev0 and /dev/net/tun as dev2.
         let user = [("dev0", "/dev/fuse"), ("dev2", "/dev/net/tun")];
@@ -474,6 +651,7 @@ mod tests {
             label: "gpu-passthrough".into(),
             lines: vec!["dev0: /dev/nvidia1,mode=0666".into()],
             owner: None,
+            retire: Vec::new(),
         };
         // Already passed through as dev4: kept there. dev0, an NVIDIA node no longer
         // selected, is passthrough's own and goes.
@@ -505,6 +683,7 @@ mod tests {
                 "lxc.apparmor.profile: unconfined".into(),
             ],
             owner: None,
+            retire: Vec::new(),
         };
         let allow = "lxc.cgroup2.devices.allow";
         let mount = "lxc.mount.entry";
@@ -544,5 +723,87 @@ mod tests {
         assert!(!spec.owns(mount, "/srv/data srv/data none bind,create=dir"));
         // Lines nobody can tell apart stay the user's.
         assert!(!spec.owns("lxc.hook.pre-start", "/usr/local/bin/x"));
+    }
+
+    #[test]
+    fn the_record_rides_in_the_description_beside_the_users_lines() {
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let users = "Managed by provision.\nmy notes\n";
+        let d = with_record(
+            Some(users),
+            "tun",
+            &[
+                pair("dev3", "/dev/net/tun"),
+                pair("lxc.apparmor.profile", "unconfined"),
+            ],
+        );
+        assert_eq!(
+            d,
+            "Managed by provision.\nmy notes\nprovision: line=tun dev3: /dev/net/tun\nprovision: line=tun lxc.apparmor.profile: unconfined\n"
+        );
+        let d = with_record(Some(&d), "gpu", &[pair("dev0", "/dev/nvidia0")]);
+        assert_eq!(
+            recorded(Some(&d)),
+            vec![
+                (
+                    "tun".to_string(),
+                    vec![
+                        "dev3: /dev/net/tun".to_string(),
+                        "lxc.apparmor.profile: unconfined".to_string()
+                    ]
+                ),
+                ("gpu".to_string(), vec!["dev0: /dev/nvidia0".to_string()]),
+            ]
+        );
+        // Rewritten in place, then dropped: the user's lines as they were.
+        let d = with_record(Some(&d), "tun", &[]);
+        assert_eq!(with_record(Some(&d), "gpu", &[]), users);
+        assert!(recorded(Some(users)).is_empty());
+        assert!(recorded(None).is_empty());
+    }
+
+    #[test]
+    fn only_recorded_lines_still_as_written_are_retired() {
+        let recorded = vec![
+            "dev0: /dev/nvidia0".to_string(),
+            "lxc.mount.entry: /dev/net dev/net none bind,create=dir".to_string(),
+            "lxc.apparmor.profile: unconfined".to_string(),
+        ];
+        let found = lines(&[
+            ("dev0", "/dev/nvidia0"),
+            // Made read-only by hand since.
+            (
+                "lxc.mount.entry",
+                "/dev/net dev/net none bind,ro,create=dir",
+            ),
+            // The user's own, never recorded.
+            ("dev1", "/dev/fuse"),
+            ("lxc.prlimit.nofile", "4096"),
+        ]);
+        assert_eq!(
+            recorded_state(&recorded, &found),
+            vec![
+                RecordedLine::AsWritten("dev0".into(), "/dev/nvidia0".into()),
+                RecordedLine::Changed {
+                    written: recorded[1].clone(),
+                    found: "lxc.mount.entry: /dev/net dev/net none bind,ro,create=dir".into()
+                },
+                RecordedLine::Gone,
+            ]
+        );
+        let spec = PveLinesSpec {
+            vmid: 1,
+            label: "tun".into(),
+            lines: Vec::new(),
+            owner: None,
+            retire: lines(&[("dev0", "/dev/nvidia0")]),
+        };
+        let edit =
+            crate::resources::config_edit::ConfigEdit::toward(&[], &found, &|k, v| spec.owns(k, v));
+        assert_eq!(edit.delete, ["dev0"]);
+        assert!(
+            edit.remove_lxc.is_empty() && edit.set.is_empty(),
+            "{edit:?}"
+        );
     }
 }

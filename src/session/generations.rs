@@ -58,6 +58,8 @@ impl WriteSession<'_> {
         services: Vec<ServiceSpec>,
     ) -> Result<Vec<OpOutcome>, SessionError> {
         let writer = self.writer(&TargetPlan::empty(d.target.clone()), None)?;
-        Ok(writer.run(&[Op::Guest(Step::RollbackGeneration { services })])?)
+        Ok(writer.run(&[Op::Guest(Step::RollbackGeneration(
+            crate::resources::generation::RollbackGenerationStep { services },
+        ))])?)
     }
 }

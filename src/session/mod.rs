@@ -460,11 +460,10 @@ impl<'a> WriteSession<'a> {
                 let inv = guest::find(self.loaded, name);
                 let restart =
                     inv.is_some_and(|(_, _, ct)| ct.restart.value == RestartPolicy::Allowed);
-                let steps = if t
-                    .changes
-                    .iter()
-                    .any(|c| matches!(c.spec, ResourceSpec::PveLines(_)))
-                {
+                let steps = if t.changes.iter().any(|c| {
+                    matches!(c.spec, ResourceSpec::PveLines(_))
+                        || crate::engine::removal::removes_lines(&c.spec)
+                }) {
                     let (_, n, _) = inv.ok_or_else(|| {
                         Diagnostic::new(format!("no container `{name}` in the inventory"))
                     })?;

@@ -28,6 +28,9 @@ pub struct ReadOptions {
     pub prune_models: bool,
     /// Plan destroying containers this inventory created and no longer declares.
     pub allow_destroy: bool,
+    /// Plan stopping the service that holds a model folder whose deletion makes a
+    /// download fit (`--allow-downtime`).
+    pub allow_downtime: bool,
     /// `--migrate`: refused, not built yet.
     pub migrate: bool,
     /// How many targets are read at once.
@@ -152,6 +155,7 @@ fn undeclared(
     removal::Undeclared {
         prune_models: options.prune_models,
         allow_destroy: options.allow_destroy,
+        allow_downtime: options.allow_downtime,
         declared: declared.into_iter().map(|(_, v)| v).collect(),
         nodes,
         owner: super::owner(loaded),

@@ -13,6 +13,7 @@ mod apt;
 mod first_apply;
 mod generation;
 mod guest;
+mod lines;
 mod many;
 mod model;
 mod model_switch;

@@ -32,7 +32,7 @@ use provision_lab::testkit::ContainerSpec;
 const T: Duration = Duration::from_secs(60);
 
 /// A known_hosts of the test's own that pins the lab node's host key.
-fn node_ssh_known_hosts(g: &Guest) -> PathBuf {
+pub(crate) fn node_ssh_known_hosts(g: &Guest) -> PathBuf {
     let (host, port) = g.lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
     let pub_key = std::fs::read_to_string(g.lab.dir().join("secrets/ssh_host_ed25519_key.pub"))
         .expect("the lab node's host key");
@@ -48,7 +48,7 @@ fn node_ssh_known_hosts(g: &Guest) -> PathBuf {
 }
 
 /// SSH to the lab node as root, its host key pinned in a known_hosts of the test's own.
-fn node_ssh(g: &Guest) -> Arc<dyn Transport> {
+pub(crate) fn node_ssh(g: &Guest) -> Arc<dyn Transport> {
     let lab = &g.lab;
     let (host, port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
     let port: u16 = port.parse().unwrap();
@@ -75,7 +75,7 @@ fn guest_ssh(g: &Guest, known: &Path) -> Result<SshTransport, TransportError> {
     SshTransport::connect(&o)
 }
 
-fn sh(t: &dyn Transport, cmd: &str) -> String {
+pub(crate) fn sh(t: &dyn Transport, cmd: &str) -> String {
     let out = t.exec(cmd, &[], T).unwrap();
     assert!(
         out.success(),
@@ -278,7 +278,7 @@ fn bootstrap_installs_sshd_and_the_key_then_ssh_is_strict() {
 }
 
 /// The config file and lock of `g`'s container on the lab node.
-fn config_file(g: &Guest) -> ConfigFile {
+pub(crate) fn config_file(g: &Guest) -> ConfigFile {
     ConfigFile::new(
         &g.lab.vars["LAB_PVE_ROOT"],
         g.lab.node(),
@@ -496,6 +496,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         label: "gpu-passthrough".into(),
         lines: lines.iter().map(|(k, v)| format!("{k}: {v}")).collect(),
         owner: None,
+        retire: Vec::new(),
     };
     let facts = |raw: &config_edit::RawConfig| {
         let probe = Probe::PveContainer(provision::resources::container::PveContainerProbe {
@@ -584,16 +585,32 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
 /// `provision` against `g`'s inventory with the node's key, its pinned host key and the
 /// lab's stand-in GPUs as the node's.
 fn provision_gpu_inventory(g: &Guest, gpus: &str, args: &[&str]) -> std::process::Output {
-    let path = g.inventory(&format!(
-        "        gpus:\n          devices: [{gpus}]\n          method: lxc\n        roles: [gpu-passthrough]\n"
-    ));
+    provision_with_node_ssh(
+        g,
+        &format!(
+            "        gpus:\n          devices: [{gpus}]\n          method: lxc\n        roles: [gpu-passthrough]\n"
+        ),
+        args,
+    )
+}
+
+/// `provision ARGS` against `g`'s inventory with `body` (the container's further fields),
+/// the node's key, its pinned host key, the lab's config root and the lab's stand-in GPUs
+/// as the node's.
+pub(crate) fn provision_with_node_ssh(
+    g: &Guest,
+    body: &str,
+    args: &[&str],
+) -> std::process::Output {
+    let path = g.inventory(body);
     let text = std::fs::read_to_string(&path).unwrap();
     let node_ssh = g.lab.vars["PVE_NODE_SSH"].replacen(':', ", port: ", 1);
     let text = text.replacen(
         &format!("ssh: {{ host: {node_ssh} }}"),
         &format!(
-            "ssh: {{ host: {node_ssh}, identity_file: {} }}",
-            g.lab.key_path().display()
+            "ssh: {{ host: {node_ssh}, identity_file: {} }}\n    config_root: {}",
+            g.lab.key_path().display(),
+            g.lab.vars["LAB_PVE_ROOT"]
         ),
         1,
     );

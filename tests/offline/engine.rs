@@ -410,3 +410,95 @@ fn every_kind_is_declared_or_named_and_its_operations_fit_its_target() {
         "a kind of ResourceSpec is neither declared by INVENTORIES nor named in NOT_DECLARED"
     );
 }
+
+/// A container in memory: every probe of it answers `fact`.
+struct OneContainer(provision::resources::container::PveContainerFact);
+
+impl TargetReader for OneContainer {
+    fn describe(&self) -> String {
+        "a container in memory".into()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        let answers = probes.iter().map(|p| match p {
+            Probe::PveContainer { .. } => (p.clone(), Fact::PveContainer(Some(self.0.clone()))),
+            other => panic!("a container's config has no probe {other:?}"),
+        });
+        Ok(Facts::Read(answers.collect()))
+    }
+}
+
+impl TargetWriter for OneContainer {
+    fn run(&self, _: &[Op]) -> Result<Vec<OpOutcome>, AccessError> {
+        Ok(Vec::new())
+    }
+}
+
+/// llm-two's container with its GPU passthrough role dropped, found with the lines
+/// provision recorded for it in its description, one of them changed by hand since, and
+/// lines it never wrote (the user's `dev0`, a raw line): the plan removes exactly the
+/// recorded lines still as written and names the changed one.
+#[test]
+fn a_removed_roles_recorded_lines_are_planned_out_and_nothing_else() {
+    let mut d = llm_two()
+        .into_iter()
+        .find(|d| matches!(d.target, Target::Container { .. }))
+        .expect("llm-two has a container");
+    let Target::Container { vmid, .. } = d.target else {
+        unreachable!()
+    };
+    d.resources
+        .retain(|r| !matches!(&r.spec, ResourceSpec::PveLines(l) if l.label == "gpu-passthrough"));
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let description = provision::resources::pve_lines::with_record(
+        Some("Managed by provision.\n"),
+        "gpu-passthrough",
+        &[
+            pair("dev1", "/dev/nvidia0"),
+            pair("lxc.cgroup2.devices.allow", "c 195:* rwm"),
+            pair(
+                "lxc.mount.entry",
+                "/dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
+            ),
+        ],
+    );
+    let fact = provision::resources::container::PveContainerFact {
+        config: vec![
+            pair("description", &description),
+            pair("dev0", "/dev/fuse"),
+            pair("dev1", "/dev/nvidia0"),
+            pair("lxc.cgroup2.devices.allow", "c 195:* rwm"),
+            pair("lxc.cgroup2.devices.allow", "c 10:200 rwm"),
+            pair(
+                "lxc.mount.entry",
+                "/dev/nvidia-uvm dev/nvidia-uvm none bind,ro,optional,create=file",
+            ),
+        ],
+        running: true,
+        ..Default::default()
+    };
+    let read = reconcile::plan(
+        "inventory/llm-two.yaml",
+        std::slice::from_ref(&d),
+        false,
+        &provision::engine::removal::Undeclared::default(),
+        &Limits::serial(),
+        &|_| Ok(Box::new(OneContainer(fact.clone()))),
+    );
+    let mut plan = read.whole().expect("the container answers");
+    // Only the removal: the rest is the container's own spec against this made-up config.
+    for t in &mut plan.targets {
+        t.changes
+            .retain(|c| matches!(c.spec, ResourceSpec::Removed(_)));
+    }
+    let removed = &plan.targets[0].changes;
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(
+        removed[0].address,
+        format!("container.llm-two/pve_lines:{vmid} gpu-passthrough")
+    );
+    insta::assert_snapshot!(
+        "pve_lines_removed",
+        provision::plan::render_human(&plan, false)
+    );
+}
