@@ -320,6 +320,14 @@ impl Facts {
             };
             let fact = fact.map(|f| match f {
                 Fact::Unit(Some(u)) => Fact::Unit(Some(u.stable())),
+                // Free bytes move with every write on the filesystem (logs, another
+                // download): a saved plan is not stale for that. Which filesystem holds the
+                // folder still counts; the download checks the space again before its first
+                // byte (`hub::space`).
+                Fact::FreeSpace(Some(f)) => Fact::FreeSpace(Some(model::FreeSpace {
+                    free: 0,
+                    ..f.clone()
+                })),
                 other => other.clone(),
             });
             let line = serde_json::to_string(&(probe, fact)).unwrap_or_default();
@@ -405,6 +413,28 @@ mod tests {
 
     /// The agent protocol as it was before the kinds declared their wire types: each line
     /// reads back and writes out unchanged (tag first, then the fields in order).
+    /// A saved plan is stale when what it read changed, not when the free bytes under a
+    /// model folder moved (they do with any write there); another filesystem still counts.
+    #[test]
+    fn the_read_digest_ignores_free_bytes_but_not_the_filesystem() {
+        let probe = Probe::FreeSpace(model::FreeSpaceProbe {
+            path: "/shared/models/m".into(),
+        });
+        let facts = |free, fsid| {
+            Facts::Read(HashMap::from([(
+                probe.clone(),
+                Fact::FreeSpace(Some(model::FreeSpace {
+                    dir: "/shared/models".into(),
+                    free,
+                    fsid,
+                })),
+            )]))
+        };
+        let digest = |f: Facts| f.digest(std::slice::from_ref(&probe)).unwrap();
+        assert_eq!(digest(facts(1 << 30, 7)), digest(facts(1 << 20, 7)));
+        assert_ne!(digest(facts(1 << 30, 7)), digest(facts(1 << 30, 8)));
+    }
+
     #[test]
     fn the_registry_speaks_the_wire_format_the_enums_spoke() {
         let steps = [
