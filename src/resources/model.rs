@@ -137,12 +137,25 @@ impl Resource for ModelSpec {
         if let Some(super::Typed::Conflict { why }) = &change.typed {
             return Err(StepsError::Refused(why.clone()));
         }
-        // The token is read here, on the workstation, and travels to the agent on stdin.
+        // A model that drifted since it was verified is re-hashed in full, so a changed
+        // byte that kept size and mtime is found and fetched again.
+        let verify_full = change.action != crate::plan::Action::Create;
+        guest(vec![Step::ModelPull(Box::new(self.pull(verify_full)?))])
+    }
+}
+
+impl ModelSpec {
+    /// The download of this model. The token is read here, on the workstation, and travels
+    /// to the agent on stdin (or goes to the hub from here, for the plan's listing).
+    pub fn pull(
+        &self,
+        verify_full: bool,
+    ) -> Result<ModelPull, crate::inventory::secret::SecretError> {
         let token = match &self.token {
             Some(r) => Some(r.resolve(std::path::Path::new("/"))?),
             None => None,
         };
-        guest(vec![Step::ModelPull(Box::new(ModelPull {
+        Ok(ModelPull {
             endpoint: self.endpoint.clone(),
             repo: self.repo.clone(),
             revision: self.revision.clone(),
@@ -150,11 +163,9 @@ impl Resource for ModelSpec {
             exclude: self.exclude.clone(),
             dest: self.path.clone(),
             token,
-            // A model that drifted since it was verified is re-hashed in full, so a changed
-            // byte that kept size and mtime is found and fetched again.
-            verify_full: change.action != crate::plan::Action::Create,
+            verify_full,
             before_weights: false,
-        }))])
+        })
     }
 }
 
@@ -317,8 +328,8 @@ impl ModelPull {
 }
 
 impl ModelPull {
-    /// Runs the download on this machine.
-    pub fn run(&self) -> Result<crate::hub::PullReport, super::wire::StepError> {
+    /// The hub's request for this download (its files, its folder, its token).
+    pub fn request(&self) -> crate::hub::PullRequest {
         let mut req =
             crate::hub::PullRequest::new(&self.repo, &self.revision, Path::new(&self.dest));
         req.endpoint = self.endpoint.clone();
@@ -326,6 +337,12 @@ impl ModelPull {
         req.exclude = self.exclude.clone();
         req.token = self.token.clone();
         req.verify_full = self.verify_full;
+        req
+    }
+
+    /// Runs the download on this machine.
+    pub fn run(&self) -> Result<crate::hub::PullReport, super::wire::StepError> {
+        let mut req = self.request();
         if self.before_weights {
             req.exclude
                 .extend(WEIGHT_GLOBS.iter().map(|g| (*g).to_string()));
