@@ -55,30 +55,15 @@ pub fn check(
         let ResourceSpec::Model(m) = &c.spec else {
             continue;
         };
-        let Some(fs) =
-            facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
-                path: m.path.clone(),
-            }))?
-        else {
-            continue;
-        };
-        let total = match listed(m) {
-            Ok(t) => t,
-            Err(why) => {
+        let (fs, fetch) = match to_fetch(m, facts, listed)? {
+            None => continue,
+            Some((_, Err(why))) => {
                 c.warnings
                     .push(format!("size not known (the hub's listing: {why})"));
                 continue;
             }
+            Some((fs, Ok(fetch))) => (fs, fetch),
         };
-        let have = facts
-            .folder_size(&Probe::FolderSize(
-                crate::resources::managed::FolderSizeProbe {
-                    path: m.path.clone(),
-                },
-            ))?
-            .copied()
-            .unwrap_or(0);
-        let fetch = total.saturating_sub(have);
         c.reasons.push(format!(
             "{} to fetch, {} free on {}",
             size(fetch),
@@ -115,13 +100,32 @@ pub fn check(
         else {
             continue;
         };
+        // Held: a running unit's `ExecStart` names it (it may not have opened its files
+        // yet), or the kernel says a process has a file under it open or mapped.
+        let mut held_by = holders(map, path);
+        let open = facts.holders(&Probe::Holders(crate::resources::holders::HoldersProbe {
+            path: path.clone(),
+        }))?;
+        held_by.extend(open.into_iter().flatten().cloned());
+        held_by.sort();
+        held_by.dedup();
         gone.entry(fs.fsid).or_default().push(Gone {
             path: path.clone(),
             bytes,
             prune: removal.prune,
-            held_by: holders(map, path),
+            held_by,
         });
     }
+    // The services `--allow-downtime` may stop: this inventory's, declared or on their way
+    // out (the units the read asked about).
+    let ours: Vec<&str> = map
+        .keys()
+        .filter_map(|p| match p {
+            Probe::Unit(crate::resources::service::UnitProbe { name }) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let stoppable = |g: &Gone| g.held_by.iter().all(|h| ours.contains(&h.as_str()));
     let mut stops: Vec<String> = Vec::new();
     for (fsid, (fs, downloads)) in need {
         let fetch: u64 = downloads.iter().map(|(_, b)| b).sum();
@@ -134,13 +138,14 @@ pub fn check(
         };
         let free_now = fs.free + sum(&|g| g.prune && g.held_by.is_empty());
         let with_prune = fs.free + sum(&|g| g.held_by.is_empty());
-        let with_stop = fs.free + sum(&|g| g.prune);
-        let with_both = fs.free + sum(&|_| true);
+        let with_stop = fs.free + sum(&|g| g.prune && stoppable(g));
+        let with_both = fs.free + sum(&|g| stoppable(g));
+        let with_all = fs.free + sum(&|_| true);
         if fetch <= free_now {
             continue;
         }
         if ways.allow_downtime && fetch <= with_stop {
-            for g in gone.iter().filter(|g| g.prune) {
+            for g in gone.iter().filter(|g| g.prune && stoppable(g)) {
                 for u in &g.held_by {
                     if !stops.contains(u) {
                         stops.push(u.clone());
@@ -169,15 +174,27 @@ pub fn check(
                 names(&|g| g.held_by.is_empty())
             ));
         } else if fetch <= with_both {
-            let units: Vec<&str> = gone
+            let mut units: Vec<&str> = gone
                 .iter()
                 .flat_map(|g| g.held_by.iter().map(String::as_str))
                 .collect();
+            units.sort_unstable();
+            units.dedup();
             why.push_str(&format!(
                 "; {} holds {}: pass --allow-downtime{} to stop it first, delete the folder, download, then start it (the service is down meanwhile)",
                 units.join(", "),
                 names(&|g| !g.held_by.is_empty()),
                 if ways.prune_models { "" } else { " --prune-models" },
+            ));
+        } else if fetch <= with_all {
+            let others: Vec<String> = gone
+                .iter()
+                .filter(|g| !stoppable(g))
+                .map(|g| format!("{} holds {}", g.held_by.join(", "), g.path))
+                .collect();
+            why.push_str(&format!(
+                "; {}, which this inventory does not manage: stop it, then plan again",
+                others.join("; ")
             ));
         } else {
             why.push_str(&format!(
@@ -227,21 +244,97 @@ pub fn check(
     Ok(())
 }
 
+/// A download's filesystem (as read) and the bytes still to fetch there, or why the hub
+/// could not be listed.
+type ToFetch = (FreeSpace, Result<u64, String>);
+
+/// Where a download of `m` goes and the bytes still to fetch there (the hub's listing minus
+/// what the folder holds); `None` when the facts carry no free space (offline).
+fn to_fetch(
+    m: &ModelSpec,
+    facts: &Facts,
+    listed: &dyn Fn(&ModelSpec) -> Result<u64, String>,
+) -> Result<Option<ToFetch>, NotRead> {
+    let Some(fs) =
+        facts.free_space(&Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
+            path: m.path.clone(),
+        }))?
+    else {
+        return Ok(None);
+    };
+    let have = facts
+        .folder_size(&Probe::FolderSize(
+            crate::resources::managed::FolderSizeProbe {
+                path: m.path.clone(),
+            },
+        ))?
+        .copied()
+        .unwrap_or(0);
+    Ok(Some((
+        fs.clone(),
+        listed(m).map(|total| total.saturating_sub(have)),
+    )))
+}
+
+/// A saved plan's apply, on the target read again: whether the plan's downloads still fit
+/// (free bytes are left out of the read digest, as they move with any write). The folders
+/// the plan deletes count as freed; a download the plan already refused is not counted.
+/// `Some(why)` when one no longer does: the saved plan is refused before anything runs.
+pub fn still_fits(
+    plan: &TargetPlan,
+    facts: &Facts,
+    listed: &dyn Fn(&ModelSpec) -> Result<u64, String>,
+) -> Result<Option<String>, NotRead> {
+    let mut need: BTreeMap<u64, (FreeSpace, u64, Vec<String>)> = BTreeMap::new();
+    let mut freed: BTreeMap<u64, u64> = BTreeMap::new();
+    for c in &plan.changes {
+        match &c.spec {
+            ResourceSpec::Model(m)
+                if !matches!(c.typed, Some(crate::resources::Typed::Conflict { .. })) =>
+            {
+                if let Some((fs, Ok(fetch))) = to_fetch(m, facts, listed)? {
+                    let n = need.entry(fs.fsid).or_insert((fs, 0, Vec::new()));
+                    n.1 += fetch;
+                    n.2.push(m.path.clone());
+                }
+            }
+            ResourceSpec::Removed(
+                removal @ Removal {
+                    entry: Entry::Model { path, .. },
+                    ..
+                },
+            ) => {
+                let fs = facts.free_space(&Probe::FreeSpace(
+                    crate::resources::model::FreeSpaceProbe { path: path.clone() },
+                ))?;
+                if let (Some(fs), Some(bytes)) = (fs, removal.model_bytes(facts)?) {
+                    *freed.entry(fs.fsid).or_default() += bytes;
+                }
+            }
+            _ => {}
+        }
+    }
+    for (fsid, (fs, fetch, paths)) in need {
+        let room = fs.free + freed.get(&fsid).copied().unwrap_or(0);
+        if fetch > room {
+            return Ok(Some(format!(
+                "{} no longer fit{}: needs {}, {} free on {} now",
+                paths.join(", "),
+                if paths.len() == 1 { "s" } else { "" },
+                size(fetch),
+                size(fs.free),
+                fs.dir
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// The bytes of `m`'s selection as the hub lists it: one listing per model, read from the
 /// workstation (the token resolved here and sent only to the hub's origin; never shown).
 pub fn listed(m: &ModelSpec) -> Result<u64, String> {
-    let mut req = crate::hub::PullRequest::new(&m.repo, &m.revision, std::path::Path::new(&m.path));
-    req.endpoint = m.endpoint.clone();
-    req.include = m.include.clone();
-    req.exclude = m.exclude.clone();
-    req.token = match &m.token {
-        Some(r) => Some(
-            r.resolve(std::path::Path::new("/"))
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    crate::hub::listed_bytes(&req).map_err(|e| e.to_string())
+    let pull = m.pull(false).map_err(|e| e.to_string())?;
+    crate::hub::listed_bytes(&pull.request()).map_err(|e| e.to_string())
 }
 
 /// The running units whose loaded `ExecStart` names `path`.
@@ -316,6 +409,11 @@ mod tests {
     /// B (1000 bytes to fetch) next to A (600 bytes, no longer declared) with 500 free;
     /// A held by `llm.service` when `held`.
     fn facts(held: bool) -> Facts {
+        facts_open(held, &[])
+    }
+
+    /// As [`facts`], with the kernel's holders of A's files (`open`).
+    fn facts_open(held: bool, open: &[&str]) -> Facts {
         let fs = |free| {
             Fact::FreeSpace(Some(FreeSpace {
                 dir: "/shared".into(),
@@ -376,6 +474,12 @@ mod tests {
                         name: "llm.service".into(),
                     }),
                     Fact::Unit(Some(unit)),
+                ),
+                (
+                    Probe::Holders(crate::resources::holders::HoldersProbe {
+                        path: "/shared/a".into(),
+                    }),
+                    Fact::Holders(Some(open.iter().map(|h| h.to_string()).collect())),
                 ),
             ]
             .into(),
@@ -456,6 +560,77 @@ mod tests {
                 "guest.t/model:/shared/a",
                 "guest.t/model:/shared/b"
             ]
+        );
+    }
+
+    #[test]
+    fn a_folder_held_open_counts_as_held_whatever_exec_start_names() {
+        let d = target(vec![
+            gone("/shared/a", true),
+            ResourceSpec::Model(model("/shared/b")),
+        ]);
+        let prune = Ways {
+            prune_models: true,
+            allow_downtime: false,
+        };
+        let both = Ways {
+            allow_downtime: true,
+            ..prune
+        };
+        // llm.service's ExecStart names another folder, but the kernel says it has A's
+        // files open: deleting A frees nothing while it runs.
+        let held = facts_open(false, &["llm.service"]);
+        let why = conflict(&planned(&d, &held, prune)).unwrap();
+        assert!(why.contains("llm.service holds /shared/a"), "{why}");
+        let plan = planned(&d, &held, both);
+        assert_eq!(conflict(&plan), None);
+        assert_eq!(plan.changes[0].address, "guest.t/service:llm.service");
+        // A process outside any service: --allow-downtime cannot stop it.
+        let stray = facts_open(false, &["process python3"]);
+        let why = conflict(&planned(&d, &stray, both)).unwrap();
+        assert!(
+            why.contains("process python3 holds /shared/a, which this inventory does not manage"),
+            "{why}"
+        );
+        assert!(!why.contains("pass --allow-downtime"), "{why}");
+    }
+
+    #[test]
+    fn a_saved_plan_is_checked_against_the_free_space_read_again() {
+        let d = target(vec![
+            gone("/shared/a", true),
+            ResourceSpec::Model(model("/shared/b")),
+        ]);
+        let ways = Ways {
+            prune_models: true,
+            allow_downtime: false,
+        };
+        // Made with 500 free and A's 600 to be deleted: B's 1000 fit.
+        let plan = planned(&d, &facts(false), ways);
+        assert_eq!(conflict(&plan), None);
+        assert_eq!(
+            still_fits(&plan, &facts(false), &|_| Ok(1000)).unwrap(),
+            None
+        );
+        // Read again with the free space gone to something else meanwhile.
+        let Facts::Read(mut map) = facts(false) else {
+            unreachable!()
+        };
+        for (p, f) in map.iter_mut() {
+            if matches!(p, Probe::FreeSpace(_)) {
+                *f = Fact::FreeSpace(Some(FreeSpace {
+                    dir: "/shared".into(),
+                    free: 300,
+                    fsid: 7,
+                }));
+            }
+        }
+        let why = still_fits(&plan, &Facts::Read(map), &|_| Ok(1000))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            why,
+            "/shared/b no longer fits: needs 1000 B, 300 B free on /shared now"
         );
     }
 

@@ -507,12 +507,16 @@ fn refuse_stale(
             {
                 return Ok(None);
             }
-            let now = connect(t)
-                .map_err(EngineError::Open)?
-                .read(&stamp.probes)?
-                .digest(&stamp.probes)?;
-            Ok((now != stamp.digest)
-                .then(|| format!("{} changed since the plan was made", t.target.heading())))
+            let facts = connect(t).map_err(EngineError::Open)?.read(&stamp.probes)?;
+            if facts.digest(&stamp.probes)? != stamp.digest {
+                return Ok(Some(format!(
+                    "{} changed since the plan was made",
+                    t.target.heading()
+                )));
+            }
+            // The free space is not in the digest: the downloads are checked against it.
+            Ok(super::fit::still_fits(t, &facts, &super::fit::listed)?
+                .map(|why| format!("{}: {why}", t.target.heading())))
         },
         &|r| r.is_err(),
     );
@@ -551,6 +555,14 @@ fn verify(writer: &dyn TargetWriter, t: &TargetPlan, skip: &[String]) -> Result<
         resources: t
             .changes
             .iter()
+            .enumerate()
+            // A service `--allow-downtime` stopped first is deployed again further on: its
+            // later change says what it is now, not the stop.
+            .filter(|(i, c)| {
+                !(matches!(c.spec, crate::resources::ResourceSpec::Removed(_))
+                    && t.changes[i + 1..].iter().any(|l| l.address == c.address))
+            })
+            .map(|(_, c)| c)
             .filter(|c| !skip.contains(&c.spec.address()))
             .map(|c| Desired {
                 spec: c.spec.clone(),

@@ -261,9 +261,13 @@ impl Resource for Removal {
                 Probe::PveContainer(crate::resources::container::PveContainerProbe { vmid: *vmid })
             }
         }];
-        // Which filesystem a folder's deletion frees space on (the plan's fit check).
+        // Which filesystem a folder's deletion frees space on, and whether anything holds
+        // it open so that deleting it frees nothing yet (the plan's fit check).
         if let Entry::Model { path, .. } = &self.entry {
             probes.push(Probe::FreeSpace(crate::resources::model::FreeSpaceProbe {
+                path: path.clone(),
+            }));
+            probes.push(Probe::Holders(crate::resources::holders::HoldersProbe {
                 path: path.clone(),
             }));
         }
@@ -433,9 +437,20 @@ pub fn remove(r: &Removal) -> Result<(), StepError> {
                     .and_then(|d| d.sync_all())
                     .map_err(HostError::io("sync", dir))?;
             }
-            // A unit file gone: systemd forgets the unit.
+            // A unit file gone: systemd forgets the unit, and its last known good copy goes
+            // with it (a later service of the same name must not be "rolled back" onto a
+            // unit provision no longer manages). A service only stopped keeps both.
             if path.starts_with("/etc/systemd/") {
                 crate::machine::output("systemctl", &["daemon-reload".into()], &[])?;
+                if let Some(unit) = p.file_name().and_then(|n| n.to_str()) {
+                    let lkg = super::service::deploy::last_known_good(unit);
+                    match std::fs::remove_file(&lkg) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(HostError::io("remove", Path::new(&lkg))(e).into());
+                        }
+                        _ => {}
+                    }
+                }
             }
         }
         Entry::Model { path, .. } => {

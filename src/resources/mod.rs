@@ -12,6 +12,7 @@ pub mod file;
 pub mod generation;
 pub mod git_checkout;
 pub mod gpu_userspace;
+pub mod holders;
 pub mod import_check;
 pub mod managed;
 pub mod model;

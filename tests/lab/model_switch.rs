@@ -14,11 +14,12 @@ use std::process::Command;
 use fakehub::{Config, FakeHub, RepoSpec};
 use guestlab::Guest;
 
-/// A tmpfs of `mib` MiB mounted on `dir`, unmounted when dropped.
-struct Tmpfs(std::path::PathBuf);
+/// A tmpfs of `mib` MiB mounted on `dir`, unmounted (and `dir` removed) when dropped.
+pub struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
-    fn mount(dir: &Path, mib: u64) -> Tmpfs {
+    /// Mounts it.
+    pub fn mount(dir: &Path, mib: u64) -> Tmpfs {
         let ok = Command::new("mount")
             .args([
                 "-t",
@@ -43,6 +44,7 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
@@ -118,6 +120,34 @@ fn a_model_that_does_not_fit_beside_the_old_one_is_refused_before_any_change() {
     assert_eq!(hub.stats().bytes_served, 0);
     assert!(!models.join("b").exists());
     hub_support::assert_identical(&a, &models.join("a"));
+
+    // The store grown to 64 MiB: B fits beside A, and a plan saved so. Then 5 MiB go to
+    // something else before it is applied: the free bytes are not in the read digest, but
+    // the saved plan's download is checked against them again and refused whole.
+    let remount = |mib: u64| {
+        guestlab::host(&format!(
+            "mount -o remount,size={mib}m {}",
+            shared.path().display()
+        ))
+    };
+    remount(64);
+    let saved = g.dir.path().join("b.plan.json");
+    let (plan, _) = g.expect(&["plan", "--out", saved.to_str().unwrap()], 0);
+    assert!(!plan.contains("does not fit"), "{plan}");
+    std::fs::write(shared.path().join("filler"), vec![1u8; 5 << 20]).unwrap();
+    let (code, out, err) = g.apply_saved(&saved, &[]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains("the saved plan is stale; nothing was changed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("/shared/models/b no longer fits: needs 30.7 MiB, "),
+        "{err}"
+    );
+    assert!(!models.join("b").exists());
+    std::fs::remove_file(shared.path().join("filler")).unwrap();
+    remount(48);
 
     // --prune-models: A's folder is deleted first, then B downloaded and verified.
     let (plan, _) = g.expect(&["plan", "--prune-models", "--detailed-exitcode"], 2);

@@ -209,6 +209,14 @@ impl Guest {
 
     /// [`Self::provision`] with extra environment variables.
     pub fn provision_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    }
+
+    /// The command [`Self::provision`] runs, to start it and watch it run.
+    pub fn command(&self, args: &[&str]) -> Command {
         let inventory = self.dir.path().join("inventory.yaml");
         let known_hosts = self.dir.path().join("known_hosts");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
@@ -220,9 +228,8 @@ impl Guest {
             .arg("--accept-new-host-keys")
             .arg(&inventory)
             .env("NO_COLOR", "1")
-            .env_remove("SSH_AUTH_SOCK")
-            .envs(env.iter().copied());
-        cmd.output().unwrap()
+            .env_remove("SSH_AUTH_SOCK");
+        cmd
     }
 
     /// Applies a plan saved by `plan --out` (whole: a saved plan takes no `--target`) with
@@ -266,7 +273,15 @@ impl Guest {
 /// `python/`, as SGLang's is) and the container's wheelhouse `/opt/wheels` with the build
 /// backends: the container, the shared folder (kept while the test runs) and the commit.
 pub fn standin_guest(name: &str) -> (Guest, tempfile::TempDir, String) {
-    let shared = tempfile::tempdir().unwrap();
+    standin_guest_on(name, tempfile::tempdir().unwrap())
+}
+
+/// [`standin_guest`] with `shared` as the container's `/shared` (a filesystem the test
+/// mounted there first, say).
+pub fn standin_guest_on(
+    name: &str,
+    shared: tempfile::TempDir,
+) -> (Guest, tempfile::TempDir, String) {
     let model = shared.path().join("models/Qwen3.5-122B-A10B");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(

@@ -243,7 +243,8 @@ pub fn loaded_differences_of(
     diffs
 }
 
-fn lkg_path(unit: &str) -> String {
+/// Where `unit`'s last known good copy is kept.
+pub fn last_known_good(unit: &str) -> String {
     format!("{LAST_KNOWN_GOOD_DIR}/{unit}")
 }
 
@@ -251,7 +252,7 @@ fn lkg_path(unit: &str) -> String {
 /// it runs on (when there are generations) recorded as passed with it.
 fn keep_as_good(unit: &str, unit_path: &str) -> Result<(), DeployError> {
     let content = read_unit(unit_path)?;
-    write_unit(&lkg_path(unit), &content)?;
+    write_unit(&last_known_good(unit), &content)?;
     generations::gated(
         unit,
         &String::from_utf8_lossy(&content),
@@ -272,7 +273,7 @@ fn previous_generation(
     let g = generations::previous_good(unit, &String::from_utf8_lossy(&current)).ok()??;
     let file = match g.units.get(unit) {
         Some(u) => u.clone().into_bytes(),
-        None => fs::read(lkg_path(unit)).ok()?,
+        None => fs::read(last_known_good(unit)).ok()?,
     };
     Some((g, file))
 }
@@ -443,7 +444,7 @@ fn restore_last_known_good(d: &Deploy) -> String {
             Err(e) => format!("restoring generation {} failed: {e}", g.number),
         };
     }
-    let lkg = lkg_path(&d.service.unit);
+    let lkg = last_known_good(&d.service.unit);
     let Ok(good) = fs::read(&lkg) else {
         return "no earlier unit passed the health gate, so there is nothing to restore".into();
     };
@@ -485,7 +486,7 @@ fn fail(d: &Deploy, failed: &Verdict) -> DeployError {
         let (_, outcome) = whole_rollback(service, &g, &good, &why);
         return unhealthy(format!("\n  {outcome}"));
     }
-    let lkg = lkg_path(&service.unit);
+    let lkg = last_known_good(&service.unit);
     let outcome = match fs::read(&lkg) {
         Ok(good) if good != current => {
             let _ = systemctl(&["stop", &service.unit]);
@@ -560,7 +561,7 @@ fn whole_rollback(
         crate::machine::utc_now(),
     );
     if passed {
-        let _ = write_unit(&lkg_path(&service.unit), unit_file);
+        let _ = write_unit(&last_known_good(&service.unit), unit_file);
     }
     let _ = generations::note(&left, format!("{why}; {outcome}"));
     (verdict, outcome)
@@ -582,7 +583,7 @@ pub fn rollback(services: &[ServiceSpec]) -> Result<Vec<DeployReport>, DeployErr
     for service in services {
         let file = match g.units.get(&service.unit) {
             Some(u) => u.clone().into_bytes(),
-            None => read_unit(&lkg_path(&service.unit))?,
+            None => read_unit(&last_known_good(&service.unit))?,
         };
         let (verdict, outcome) = whole_rollback(service, &g, &file, "left by `provision rollback`");
         match &verdict {

@@ -29,8 +29,8 @@ use super::template::TemplateFact;
 use super::venv::VenvFact;
 use super::{
     apt, apt_source, container, cuda, directory, file, generation, git_checkout, gpu_userspace,
-    import_check, managed, model, model_storage, nvidia_host, pip_packages, service, template, uv,
-    venv,
+    holders, import_check, managed, model, model_storage, nvidia_host, pip_packages, service,
+    template, uv, venv,
 };
 
 /// A kind's probe: how the agent answers it. A probe the node's API answers keeps the
@@ -210,6 +210,8 @@ wire! {
         Generation(generation::GenerationProbe),
         /// The free bytes of the filesystem that holds a model folder.
         FreeSpace(model::FreeSpaceProbe),
+        /// The services (or processes) holding files under a folder open or mapped.
+        Holders(holders::HoldersProbe),
     }
     facts {
         /// Answer to [`Probe::Path`] and [`Probe::Stat`].
@@ -251,6 +253,8 @@ wire! {
         Generation(generation::GenerationFact) => generation,
         /// Answer to [`Probe::FreeSpace`] (always `Some` when read).
         FreeSpace(model::FreeSpace) => free_space,
+        /// Answer to [`Probe::Holders`] (always `Some` when read).
+        Holders(Vec<String>) => holders,
     }
     steps {
         /// Write a file atomically and verify it by reading it back.
