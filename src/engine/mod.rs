@@ -73,14 +73,10 @@ pub fn diff_target(desired: &DesiredTarget, facts: &Facts) -> Result<TargetPlan,
         }
     }
     Ok(TargetPlan {
-        target: desired.target.clone(),
         changes,
         unchanged,
-        read: None,
         warnings,
-        not_read: None,
-        manages: None,
-        replanned: None,
+        ..TargetPlan::empty(desired.target.clone())
     })
 }
 
