@@ -95,7 +95,11 @@ pub struct GitFact {
     pub dirty: bool,
 }
 
-/// A git checkout through git itself (HEAD, origin, local changes to tracked files).
+/// A git checkout (HEAD, origin, local changes to tracked files), with one git process:
+/// `git status --porcelain=v2 --branch` says HEAD's commit and the changes together, and
+/// origin's URL is read from the repository's own config file when git wrote it plainly
+/// (`git config` answers otherwise). The check reads this on every run, and each git
+/// process costs tens of milliseconds on a loaded target.
 pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
     if !path.join(".git").exists() || unfinished_clone(path) {
         return Ok(None);
@@ -103,18 +107,88 @@ pub fn read(path: &Path) -> Result<Option<GitFact>, HostError> {
     let run = |args: &[&str]| -> Result<String, HostError> {
         let mut full = vec!["-C".to_string(), path.display().to_string()];
         full.extend(args.iter().map(|s| s.to_string()));
-        Ok(crate::machine::output("git", &full, &[])?
-            .trim()
-            .to_string())
+        crate::machine::output("git", &full, &[])
     };
-    let head = run(&["rev-parse", "HEAD"])?;
-    let origin = run(&["config", "--get", "remote.origin.url"]).ok();
-    let dirty = !run(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    let status = run(&[
+        "status",
+        "--porcelain=v2",
+        "--branch",
+        "--untracked-files=no",
+    ])?;
+    let (head, dirty) = head_and_changes(&status).ok_or_else(|| HostError::Unexpected {
+        what: format!("git status in {}", path.display()),
+        detail: format!("no commit in its `# branch.oid` line:\n{status}"),
+    })?;
+    let origin = match std::fs::read_to_string(path.join(".git/config"))
+        .ok()
+        .and_then(|text| plain_origin(&text))
+    {
+        Some(origin) => origin,
+        None => run(&["config", "--get", "remote.origin.url"])
+            .ok()
+            .map(|u| u.trim().to_string()),
+    };
     Ok(Some(GitFact {
         head,
         origin,
         dirty,
     }))
+}
+
+/// HEAD's commit and whether a tracked file changed, from `git status --porcelain=v2
+/// --branch`: the `# branch.oid` header, and any entry line at all.
+fn head_and_changes(status: &str) -> Option<(String, bool)> {
+    let head = status
+        .lines()
+        .find_map(|l| l.strip_prefix("# branch.oid "))
+        .filter(|oid| oid.len() >= 40 && oid.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    let dirty = status.lines().any(|l| !l.is_empty() && !l.starts_with('#'));
+    Some((head.to_string(), dirty))
+}
+
+/// `[remote "origin"]`'s `url` in a git config file as git writes it: `Some(None)` when
+/// there is no such remote, `None` when the file asks for git's own reading (an include,
+/// a quoted or escaped value, a continued line, a second url).
+fn plain_origin(config: &str) -> Option<Option<String>> {
+    let mut in_origin = false;
+    let mut url = None;
+    for line in config.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            let section = line.to_ascii_lowercase();
+            if section.starts_with("[include") {
+                return None;
+            }
+            in_origin = line
+                .strip_prefix('[')
+                .and_then(|l| l.strip_suffix(']'))
+                .is_some_and(|s| {
+                    s.split_once(char::is_whitespace)
+                        .is_some_and(|(name, sub)| {
+                            name.eq_ignore_ascii_case("remote") && sub.trim() == "\"origin\""
+                        })
+                });
+            if !in_origin && line.contains(']') && !line.ends_with(']') {
+                return None;
+            }
+            continue;
+        }
+        if !in_origin {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if !key.trim().eq_ignore_ascii_case("url") {
+            continue;
+        }
+        let value = value.trim();
+        if url.is_some() || value.is_empty() || value.contains(['"', '\\', ';', '#']) {
+            return None;
+        }
+        url = Some(value.to_string());
+    }
+    Some(url)
 }
 
 /// Whether `path` holds nothing but a `.git` in which HEAD is no commit: a clone that never
@@ -273,6 +347,66 @@ mod tests {
             .unwrap();
         assert!(out.status.success(), "git {args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn status_v2_gives_head_and_changes_and_a_plain_config_its_origin() {
+        let oid = "4f1c0a9e2b7d3c5f6a8e9d0b1c2a3f4e5d6c7b8a";
+        let clean = format!("# branch.oid {oid}\n# branch.head (detached)\n");
+        assert_eq!(head_and_changes(&clean), Some((oid.to_string(), false)));
+        let dirty = format!("{clean}1 .M N... 100644 100644 100644 a b python/x.py\n");
+        assert_eq!(head_and_changes(&dirty), Some((oid.to_string(), true)));
+        assert_eq!(head_and_changes("# branch.oid (initial)\n"), None);
+        let config = "[core]\n\tbare = false\n[remote \"origin\"]\n\turl = https://github.com/sgl-project/sglang.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n";
+        assert_eq!(
+            plain_origin(config),
+            Some(Some("https://github.com/sgl-project/sglang.git".into()))
+        );
+        assert_eq!(plain_origin("[core]\n\tbare = false\n"), Some(None));
+        for unusual in [
+            "[include]\n\tpath = other\n[remote \"origin\"]\n\turl = a\n",
+            "[remote \"origin\"]\n\turl = \"a b\"\n",
+            "[remote \"origin\"]\n\turl = a\n\turl = b\n",
+            "[remote \"origin\"] url = a\n",
+        ] {
+            assert_eq!(plain_origin(unusual), None, "{unusual}");
+        }
+    }
+
+    /// The one-process read says what git's own three commands say, on a real repository
+    /// clean and changed, with origin written plainly and with a URL git quotes.
+    #[test]
+    fn the_read_agrees_with_git_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("co");
+        std::fs::create_dir(&dir).unwrap();
+        git(&dir, &["init", "-q", "-b", "main"]);
+        std::fs::write(dir.join("a"), "a\n").unwrap();
+        git(&dir, &["add", "a"]);
+        git(&dir, &["commit", "-qm", "a"]);
+        git(&dir, &["checkout", "-q", "--detach"]);
+        assert_eq!(
+            read(&dir).unwrap(),
+            Some(GitFact {
+                head: git(&dir, &["rev-parse", "HEAD"]),
+                origin: None,
+                dirty: false,
+            })
+        );
+        for url in ["https://example.invalid/sglang.git", "/srv/my repo;v2#x"] {
+            let _ = Command::new("git")
+                .args(["-C", dir.to_str().unwrap(), "remote", "remove", "origin"])
+                .output();
+            git(&dir, &["remote", "add", "origin", url]);
+            assert_eq!(git(&dir, &["config", "--get", "remote.origin.url"]), url);
+            assert_eq!(read(&dir).unwrap().unwrap().origin.as_deref(), Some(url));
+        }
+        std::fs::write(dir.join("a"), "changed\n").unwrap();
+        assert!(read(&dir).unwrap().unwrap().dirty);
+        // An untracked file is no local change (as before: `--untracked-files=no`).
+        git(&dir, &["checkout", "-q", "--", "a"]);
+        std::fs::write(dir.join("new"), "x\n").unwrap();
+        assert!(!read(&dir).unwrap().unwrap().dirty);
     }
 
     #[test]
