@@ -168,8 +168,9 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         };
         let mut out = HashMap::new();
         for p in probes {
-            if let Probe::PveCreated(crate::resources::container::PveCreatedProbe {}) = p {
-                let created = container::created(api, &listing, &self.owner).map_err(boxed)?;
+            if let Probe::PveCreated(crate::resources::container::PveCreatedProbe { except }) = p {
+                let created =
+                    container::created(api, &listing, &self.owner, except).map_err(boxed)?;
                 out.insert(p.clone(), Fact::PveCreated(Some(created)));
                 continue;
             }

@@ -48,20 +48,13 @@ pub fn containers(u: &Undeclared, read: &Read) -> (Vec<TargetPlan>, Vec<(Target,
             },
             resources: Vec::new(),
         };
+        let probe = Probe::PveCreated(crate::resources::container::PveCreatedProbe {
+            except: u.declared.clone(),
+        });
         let found = read(&lister)
             .map_err(EngineError::Open)
-            .and_then(|r| {
-                Ok(r.read(&[Probe::PveCreated(
-                    crate::resources::container::PveCreatedProbe {},
-                )])?)
-            })
-            .and_then(|facts| {
-                Ok(facts
-                    .pve_created(&Probe::PveCreated(
-                        crate::resources::container::PveCreatedProbe {},
-                    ))?
-                    .cloned())
-            });
+            .and_then(|r| Ok(r.read(std::slice::from_ref(&probe))?))
+            .and_then(|facts| Ok(facts.pve_created(&probe)?.cloned()));
         let created = match found {
             Ok(c) => c.unwrap_or_default(),
             Err(e) => {
@@ -321,5 +314,45 @@ mod tests {
             api: "https://n:8006".into(),
         };
         assert_eq!(record(&node, &facts), None);
+    }
+
+    /// A node's listing as a reader: records the probes it is asked.
+    struct Listing(std::sync::Arc<std::sync::Mutex<Vec<Probe>>>);
+
+    impl TargetReader for Listing {
+        fn describe(&self) -> String {
+            "a node in memory".into()
+        }
+
+        fn read(&self, probes: &[Probe]) -> Result<Facts, crate::access::AccessError> {
+            self.0.lock().unwrap().extend(probes.iter().cloned());
+            Ok(Facts::Read(
+                probes
+                    .iter()
+                    .map(|p| (p.clone(), Fact::PveCreated(Some(Default::default()))))
+                    .collect(),
+            ))
+        }
+    }
+
+    #[test]
+    fn the_scan_for_undeclared_containers_does_not_read_the_declared_ones_again() {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let u = Undeclared {
+            declared: vec![9281, 150],
+            nodes: vec!["lab".into()],
+            owner: "/srv/inventory.yaml".into(),
+            ..Undeclared::default()
+        };
+        let (plans, failures) = containers(&u, &|_| Ok(Box::new(Listing(asked.clone()))));
+        assert!(plans.is_empty() && failures.is_empty());
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [Probe::PveCreated(
+                crate::resources::container::PveCreatedProbe {
+                    except: vec![9281, 150]
+                }
+            )]
+        );
     }
 }

@@ -533,17 +533,22 @@ fn destroy(
 }
 
 /// The node's containers whose marker says the inventory `owner` created them at their own
-/// vmid, from `listing` (each one's config read: 2 calls per container of the node).
+/// vmid, from `listing` (each one's config read, 2 calls, but for the vmids in `except`:
+/// the inventory's own, which their own reads cover).
 pub fn created(
     api: &ApiReader,
     listing: &BTreeMap<u64, (String, bool)>,
     owner: &str,
+    except: &[u64],
 ) -> Result<BTreeMap<u64, PveContainerFact>, ContainerError> {
     let mut out = BTreeMap::new();
     if owner.is_empty() {
         return Ok(out);
     }
     for (vmid, (_, running)) in listing {
+        if except.contains(vmid) {
+            continue;
+        }
         let fact = match read(api, *vmid, *running) {
             // Destroyed since it was listed (Proxmox: "Configuration file ... does not
             // exist"): not there, so nothing to name.

@@ -519,9 +519,15 @@ pub struct PveContainerProbe {
 
 impl crate::resources::wire::AgentProbe for PveContainerProbe {}
 
-/// Probe: the node's containers whose marker says provision created them at their vmid (through the node's API): those no container of the inventory is are named.
+/// Probe: the node's containers whose marker says provision created them at their vmid
+/// (through the node's API): those no container of the inventory is are named.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct PveCreatedProbe {}
+pub struct PveCreatedProbe {
+    /// The vmids the inventory declares: not read for a marker (their own read says what
+    /// they are), so a whole-inventory check costs no API call per declared container.
+    #[serde(default)]
+    pub except: Vec<u64>,
+}
 
 impl crate::resources::wire::AgentProbe for PveCreatedProbe {}
 
