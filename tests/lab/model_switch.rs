@@ -59,15 +59,7 @@ fn repos() -> (RepoSpec, RepoSpec) {
 fn inventory(g: &Guest, hub: &FakeHub, models: &[&str]) {
     let mut decl = String::new();
     for m in models {
-        decl.push_str(&format!(
-            "          {m}:
-            repo: org/{m}
-            revision: main
-            path: /shared/models/{m}
-            endpoint: {endpoint}
-",
-            endpoint = hub.endpoint()
-        ));
+        decl.push_str(&hub_support::model_entry(m, &format!("org/{m}"), m, hub));
     }
     g.inventory(&format!(
         "        mounts: [{{ host: /unused, path: /shared }}]

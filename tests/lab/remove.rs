@@ -23,6 +23,24 @@ struct Lab {
     commit: String,
 }
 
+/// A `services:` entry (indented by 10) for the stand-in serving `model` as `served` on
+/// port 30000.
+fn service(unit: &str, model: &str, served: &str) -> String {
+    format!(
+        "          {unit}:
+            model: {model}
+            served_model_name: {served}
+            tp: 1
+            host: 0.0.0.0
+            port: 30000
+            attention_backend: triton
+            environment:
+              SGLANG_STANDIN_LINE: \"0.5.10\"
+            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
+"
+    )
+}
+
 fn lab(name: &str) -> Lab {
     lab_on(name, tempfile::tempdir().unwrap())
 }
@@ -38,27 +56,15 @@ fn lab_on(name: &str, shared: tempfile::TempDir) -> Lab {
 }
 
 impl Lab {
-    /// The inventory with one service, `service`, on port 30000.
-    fn inventory(&self, service: &str) {
+    /// The inventory with one service, `unit`, on port 30000.
+    fn inventory(&self, unit: &str) {
         self.inventory_with(
             "",
             "          qwen3.5-122b:
             repo: Qwen/Qwen3.5-122B-A10B
             path: /shared/models/Qwen3.5-122B-A10B
 ",
-            &format!(
-                "          {service}:
-            model: qwen3.5-122b
-            served_model_name: qwen3.5-122b
-            tp: 1
-            host: 0.0.0.0
-            port: 30000
-            attention_backend: triton
-            environment:
-              SGLANG_STANDIN_LINE: \"0.5.10\"
-            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
-"
-            ),
+            &service(unit, "qwen3.5-122b", "qwen3.5-122b"),
         );
     }
 
@@ -353,17 +359,8 @@ fn the_seeds_switch_serves_the_new_model_and_a_reboot_keeps_it() {
         ..Config::default()
     })
     .expect("the fake hub listens on the lab bridge");
-    let model = |key: &str, repo: &str, folder: &str| {
-        format!(
-            "          {key}:
-            repo: {repo}
-            revision: main
-            path: /shared/models/{folder}
-            endpoint: {endpoint}
-",
-            endpoint = hub.endpoint()
-        )
-    };
+    let model =
+        |key: &str, repo: &str, folder: &str| hub_support::model_entry(key, repo, folder, &hub);
     let common = "            tp: 1
             host: 0.0.0.0
             port: 30000
@@ -473,28 +470,8 @@ fn a_switch_downloads_while_the_old_model_serves_and_a_full_store_stops_only_wit
     let serve = |m: &str| {
         l.inventory_with(
             "model-store, ",
-            &format!(
-                "          {m}:
-            repo: org/{m}
-            revision: main
-            path: /shared/models/{m}
-            endpoint: {endpoint}
-",
-                endpoint = hub.endpoint()
-            ),
-            &format!(
-                "          sglang-qwen:
-            model: {m}
-            served_model_name: model-{m}
-            tp: 1
-            host: 0.0.0.0
-            port: 30000
-            attention_backend: triton
-            environment:
-              SGLANG_STANDIN_LINE: \"0.5.10\"
-            readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
-"
-            ),
+            &hub_support::model_entry(m, &format!("org/{m}"), m, &hub),
+            &service("sglang-qwen", m, &format!("model-{m}")),
         );
     };
     serve("a");

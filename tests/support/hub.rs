@@ -6,6 +6,20 @@ use std::path::Path;
 
 use fakehub::{Config, FakeHub, FileSpec, RepoSpec};
 
+/// An inventory's `models:` entry (indented by 10) for `repo` at `main` from `hub`, in
+/// `/shared/models/FOLDER`.
+pub fn model_entry(key: &str, repo: &str, folder: &str, hub: &FakeHub) -> String {
+    format!(
+        "          {key}:
+            repo: {repo}
+            revision: main
+            path: /shared/models/{folder}
+            endpoint: {endpoint}
+",
+        endpoint = hub.endpoint()
+    )
+}
+
 /// The token the gated repo accepts.
 pub const TOKEN: &str = "hf_fakehubtesttoken_5f2c1e";
 
