@@ -111,15 +111,62 @@ pub(super) fn with_live_gpus<A: Api>(
 /// read, by node name.
 pub(super) type LiveNodes = HashMap<String, (NodeProbe, NodeGpus)>;
 
+/// What running containers see of their GPUs, by vmid and lines' label: read while the
+/// plan reads its targets, since a check needs the node's facts and the container's
+/// lines, not the plan.
+pub(super) type Views = HashMap<(u64, String), Result<gpu_check::GpuView, crate::node::NodeError>>;
+
+/// The GPU checks of every container of `desired` with passthrough lines on a node whose
+/// facts were read and that runs (from the node's listing, shared with the plan's reads),
+/// one `pct exec` each: what [`gpu_checks`] then uses for the containers the plan leaves
+/// with their lines as declared. A container that cannot be listed is left to it.
+pub(super) fn read_views<A: Api>(
+    desired: &[DesiredTarget],
+    live: &LiveNodes,
+    session: &Session<'_, A>,
+) -> Views {
+    let mut views = Views::new();
+    for d in desired {
+        let Target::Container { node, vmid, .. } = &d.target else {
+            continue;
+        };
+        let Some((probe, gpus)) = live.get(node) else {
+            continue;
+        };
+        let running = session
+            .listing(node)
+            .is_ok_and(|l| l.get(vmid).is_some_and(|(_, running)| *running));
+        if !running {
+            continue;
+        }
+        for r in &d.resources {
+            let ResourceSpec::PveLines(spec) = &r.spec else {
+                continue;
+            };
+            if spec.label != node_gpu::LABEL {
+                continue;
+            }
+            let want = gpu_check::expected(gpus, spec);
+            views.insert(
+                (*vmid, spec.label.clone()),
+                probe.container_gpus(*vmid, gpus, &want),
+            );
+        }
+    }
+    views
+}
+
 /// The GPU checks inside every running container whose passthrough lines are as
-/// declared (one `pct exec` over the node session that read the facts): a container that
-/// does not see exactly its GPUs (lines written while it ran, a driver reloaded under it)
-/// is drift of its passthrough lines, planned as such (apply writes nothing new and
-/// restarts it when `restart: allowed`).
+/// declared (one `pct exec` over the node session that read the facts; `views` holds
+/// those already read alongside the plan): a container that does not see exactly its GPUs
+/// (lines written while it ran, a driver reloaded under it) is drift of its passthrough
+/// lines, planned as such (apply writes nothing new and restarts it when `restart:
+/// allowed`).
 pub(super) fn gpu_checks<A: Api>(
     plan: Plan,
     desired: &[DesiredTarget],
     live: &LiveNodes,
+    mut views: Views,
     session: &Session<'_, A>,
 ) -> Result<Plan, SessionError> {
     let printer = session.printer;
@@ -155,8 +202,10 @@ pub(super) fn gpu_checks<A: Api>(
             if spec.label != node_gpu::LABEL {
                 continue;
             }
-            let want = gpu_check::expected(gpus, spec);
-            let mut view = probe.container_gpus(*vmid, gpus, &want)?;
+            let mut view = match views.remove(&(*vmid, spec.label.clone())) {
+                Some(read) => read?,
+                None => probe.container_gpus(*vmid, gpus, &gpu_check::expected(gpus, spec))?,
+            };
             if userspace_owned {
                 view.drift
                     .retain(|l| !l.starts_with(gpu_check::USERSPACE_DRIFT));

@@ -75,24 +75,39 @@ impl<'a, A: Api> Session<'a, A> {
         self.warn_insecure();
         self.reading(&desired);
         let printer = self.printer;
-        let mut read = reconcile::plan(
-            inventory,
-            &desired,
-            options.verify_full,
-            &undeclared,
-            &options.limits,
-            &|d| {
-                printer.status(&format!("reading {}", d.target.heading()));
-                self.reader(d)
-                    .map_err(|e| Box::new(e) as crate::engine::error::OpenError)
-            },
-        );
+        // The GPU checks inside the running containers need the nodes' facts, not the
+        // plan: they run over the node's SSH while the targets are read (API, guests).
+        let (mut read, views) = std::thread::scope(|s| {
+            let views = s.spawn(|| {
+                timing::time("gpus: checks (alongside the reads)", || {
+                    gpus::read_views(&desired, &live, self)
+                })
+            });
+            let read = reconcile::plan(
+                inventory,
+                &desired,
+                options.verify_full,
+                &undeclared,
+                &options.limits,
+                &|d| {
+                    printer.status(&format!("reading {}", d.target.heading()));
+                    self.reader(d)
+                        .map_err(|e| Box::new(e) as crate::engine::error::OpenError)
+                },
+            );
+            (
+                read,
+                views
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            )
+        });
         gpus::refuse_root_only(&read.plan, loaded, self)?;
         ssh::refuse_keyless_creates(&read.plan, loaded, self.settings())?;
         assumed::refuse_missing(&read.plan, loaded, self)?;
         privileges::refuse_missing(&read.plan, loaded, self)?;
         read.plan = timing::time("gpus: checks", || {
-            gpus::gpu_checks(read.plan, &desired, &live, self)
+            gpus::gpu_checks(read.plan, &desired, &live, views, self)
         })?;
         Ok(read)
     }

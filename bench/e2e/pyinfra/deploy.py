@@ -108,11 +108,15 @@ if host.data.get("role") == "guest":
             ],
         )
 
+    # The editable install's .pth names the checkout's real folder: provision's stable paths
+    # are links to the generation it built (docs/generations.md). One command for both.
     pth = host.get_fact(
         Command,
-        command=f"cat {venv}/lib/python3.11/site-packages/__editable__.sglang-*.pth 2>/dev/null || true",
+        command=f"cat {venv}/lib/python3.11/site-packages/__editable__.sglang-*.pth 2>/dev/null; echo; readlink -f {checkout}",
     )
-    if checkout not in (pth or ""):
+    lines = (pth or "").strip().splitlines()
+    real = lines[-1] if lines else checkout
+    if not any(p in "\n".join(lines[:-1]) for p in (checkout, real)):
         server.shell(
             name=f"pip_editable {checkout}/python",
             commands=[f"{venv}/bin/pip install --no-index --find-links /shared/wheels -e {checkout}/python"],
