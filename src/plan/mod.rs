@@ -20,7 +20,7 @@ use crate::resources::wire::Probe;
 /// readiness has no `port` (its `url`'s is the gate's).
 /// Apply acts on a change's `typed` (`container`, `conflict`, `apt_key`, `nvidia_host`)
 /// where it read attribute names before; a format-3 plan lacks them.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

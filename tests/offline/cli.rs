@@ -187,7 +187,7 @@ fn offline_plan_json_is_stable_and_complete() {
     let r = run(&["plan", "--offline", "--json", "inventory/llm-two.yaml"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(plan["format_version"], 5);
+    assert_eq!(plan["format_version"], provision::plan::FORMAT_VERSION);
     assert_eq!(plan["mode"], "offline");
     // The JSON round-trips into the plan type apply executes.
     let typed: provision::plan::Plan = serde_json::from_str(&r.stdout).unwrap();
@@ -388,9 +388,10 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     let r = run(&["apply", "--yes", path]);
     assert_eq!(r.code, 1);
     assert!(
-        r.stderr
-            .contains("is a plan in format 1; this provision reads format 5")
-            && r.stderr.contains("make the plan again with this provision"),
+        r.stderr.contains(&format!(
+            "is a plan in format 1; this provision reads format {}",
+            provision::plan::FORMAT_VERSION
+        )) && r.stderr.contains("make the plan again with this provision"),
         "{}",
         r.stderr
     );
@@ -408,8 +409,10 @@ fn saved_plans_are_checked_before_anything_is_reached() {
     let r = run(&["apply", "--yes", path]);
     assert_eq!(r.code, 1);
     assert!(
-        r.stderr
-            .contains("is a plan in format 3; this provision reads format 5"),
+        r.stderr.contains(&format!(
+            "is a plan in format 3; this provision reads format {}",
+            provision::plan::FORMAT_VERSION
+        )),
         "{}",
         r.stderr
     );
