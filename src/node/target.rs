@@ -249,7 +249,7 @@ impl TargetWriter for ContainerTarget {
                     results.push(node.run(n)?);
                     // The GPU checks after the start are for passthrough lines only.
                     if let NodeOp::Lines { spec, .. } = n
-                        && spec.label == super::gpu::LABEL
+                        && spec.passthrough()
                     {
                         lines = Some(spec);
                     }

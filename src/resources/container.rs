@@ -525,7 +525,7 @@ impl crate::resources::wire::AgentProbe for PveContainerProbe {}
 pub struct PveCreatedProbe {
     /// The vmids the inventory declares: not read for a marker (their own read says what
     /// they are), so a whole-inventory check costs no API call per declared container.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub except: Vec<u64>,
 }
 

@@ -197,6 +197,13 @@ pub fn is_allow_key(k: &str) -> bool {
 }
 
 impl PveLinesSpec {
+    /// Whether these are GPU passthrough lines: made from the node's live GPU facts, which
+    /// say what they own (`owner`, set by `node::gpu::NodeGpus::localize`). The one typed
+    /// mark the GPU checks and the node's GPU reads go by.
+    pub fn passthrough(&self) -> bool {
+        self.owner.is_some()
+    }
+
     /// Whether a found line is one of these lines' kind, so that one not wanted is
     /// removed: what [`LineOwner`] owns, `devN` entries passing through a device these
     /// lines pass through (other options) or, offline, an NVIDIA device, and a raw `lxc.*`

@@ -143,7 +143,7 @@ pub(super) fn read_views<A: Api>(
             let ResourceSpec::PveLines(spec) = &r.spec else {
                 continue;
             };
-            if spec.label != node_gpu::LABEL {
+            if !spec.passthrough() {
                 continue;
             }
             let want = gpu_check::expected(gpus, spec);
@@ -199,7 +199,7 @@ pub(super) fn gpu_checks<A: Api>(
             let ResourceSpec::PveLines(spec) = &r.spec else {
                 continue;
             };
-            if spec.label != node_gpu::LABEL {
+            if !spec.passthrough() {
                 continue;
             }
             let mut view = match views.remove(&(*vmid, spec.label.clone())) {

@@ -468,7 +468,10 @@ impl<'a> WriteSession<'a> {
                         Diagnostic::new(format!("no container `{name}` in the inventory"))
                     })?;
                     let ssh = self.node_ssh(node)?;
-                    let gpus = t.changes.iter().any(|c| matches!(&c.spec, ResourceSpec::PveLines(l) if l.label == crate::node::gpu::LABEL));
+                    let gpus = t
+                        .changes
+                        .iter()
+                        .any(|c| matches!(&c.spec, ResourceSpec::PveLines(l) if l.passthrough()));
                     let gpus = if gpus {
                         let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
                         Some(crate::node::gpu::read(ssh.as_ref(), &root)?)
