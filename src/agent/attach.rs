@@ -308,7 +308,7 @@ pub fn run_detached(
             };
             if late {
                 note(format!("{} {what}; stopping it", descriptions[i]));
-                call_again(
+                let answer = call_again(
                     call,
                     &Request::Stop {
                         run: run.clone(),
@@ -317,6 +317,11 @@ pub fn run_detached(
                     Duration::from_secs(60),
                     &note,
                 )?;
+                if let Event::Stopping { running: true } = answer {
+                    note(format!(
+                        "the agent could not end run {run} (SIGTERM, then SIGKILL): it may still be running on the target"
+                    ));
+                }
                 overdue = Some((i, what));
             }
         }

@@ -421,15 +421,39 @@ pub fn stop(run: &str, now: bool) -> Result<Event, RunError> {
     fs::write(&flag, b"").map_err(io("cannot write", &flag))?;
     let pid = runner_pid(&dir);
     if now && let Some(pid) = pid {
-        // The runner leads its own process group (setsid, or systemd's); its tools go too.
-        // SAFETY: kill(2) with a pid read and checked just above; no memory is shared.
-        unsafe {
-            libc::kill(-pid, libc::SIGTERM);
-        }
+        return Ok(Event::Stopping {
+            running: !end_group(pid, || runner_pid(&dir) == Some(pid), STOP_GRACE),
+        });
     }
     Ok(Event::Stopping {
         running: pid.is_some(),
     })
+}
+
+/// How long a runner told to stop at once has to end before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Ends the process group `pid` leads (the runner: setsid, or systemd's; its tools go too):
+/// SIGTERM, then SIGKILL if `alive` still holds after `grace`. Whether it ended, waiting
+/// as long again after the SIGKILL.
+fn end_group(pid: i32, alive: impl Fn() -> bool, grace: Duration) -> bool {
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        // SAFETY: kill(2) with a pid the caller read and checked; no memory is shared.
+        unsafe {
+            libc::kill(-pid, signal);
+        }
+        let until = Instant::now() + grace;
+        while alive() {
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !alive() {
+            return true;
+        }
+    }
+    false
 }
 
 pub use crate::machine::utc_now;
@@ -458,6 +482,52 @@ mod tests {
         let (more, same) = read_events(&p, next, CHUNK).unwrap();
         assert!(more.is_empty());
         assert_eq!(same, next);
+    }
+
+    /// A runner that ignores SIGTERM (a handler, a blocked mask) is still ended: the stop
+    /// that a stall limit sends must not leave it downloading.
+    #[test]
+    fn a_group_that_ignores_sigterm_is_killed_after_the_grace() {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+        ])
+        .stdout(Stdio::piped());
+        // SAFETY: setsid is async-signal-safe and touches no memory of this process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        // Its trap is set once it says so.
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready, "ready\n");
+        let exited = std::sync::atomic::AtomicBool::new(false);
+        let started = Instant::now();
+        let ended = std::thread::scope(|s| {
+            s.spawn(|| {
+                child.wait().unwrap();
+                exited.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            end_group(
+                pid,
+                || !exited.load(std::sync::atomic::Ordering::SeqCst),
+                Duration::from_millis(300),
+            )
+        });
+        assert!(ended);
+        // Not ended by the SIGTERM: it took the SIGKILL after the grace.
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     #[test]

@@ -182,7 +182,9 @@ pub enum Event {
     },
     /// A stop request was passed on.
     Stopping {
-        /// Whether the run was still running to be told.
+        /// Whether the run's runner is alive after the request: for a stop after the
+        /// current step, still running to be told; for a stop `now`, not ended by SIGTERM
+        /// nor by the SIGKILL that follows it after a grace.
         running: bool,
     },
 }
