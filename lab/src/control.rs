@@ -256,22 +256,39 @@ fn start_server(lab: &Settings, bin: &Path) -> Result<()> {
     }
 }
 
+/// What a Proxmox node's root has in `~/.bashrc` and `~/.profile`: Debian's defaults
+/// (base-files' `dot.bashrc` and `dot.profile`), nothing run.
+const NODE_BASHRC: &str = "# ~/.bashrc: executed by bash(1) for non-login shells.\n\n\
+# Note: PS1 and umask are already set in /etc/profile. You should not\n\
+# need this unless you want different defaults for root.\n";
+const NODE_PROFILE: &str = "# ~/.profile: executed by Bourne-compatible login shells.\n\n\
+if [ \"$BASH\" ]; then\n  if [ -f ~/.bashrc ]; then\n    . ~/.bashrc\n  fi\nfi\n\n\
+mesg n 2> /dev/null || true\n";
+
 fn start_sshd(lab: &Settings) -> Result<()> {
     let ssh = lab.dir.join("ssh");
     std::fs::create_dir_all(&ssh)?;
+    // The node's root home as a Proxmox node has it. The node is this host, whose root
+    // may run anything from ~/.bashrc (pyenv, conda: 0.2-0.5 s), which bash reads for
+    // every command over SSH; a node login would then measure this machine's shell setup.
+    let home = lab.dir.join("node-home");
+    std::fs::create_dir_all(&home)?;
+    std::fs::write(home.join(".bashrc"), NODE_BASHRC)?;
+    std::fs::write(home.join(".profile"), NODE_PROFILE)?;
     let s = lab.secrets_dir();
     let config = format!(
         "# The lab node's sshd (root login with the lab key, `pct` on PATH).\n\
          Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {pid}\n\
          AuthorizedKeysFile {ak}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
          KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPrintMotd no\nSubsystem sftp internal-sftp\n\
-         SetEnv PATH={bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LAB_DIR={dir}\n",
+         SetEnv PATH={bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LAB_DIR={dir} HOME={home}\n",
         port = lab.ssh_port,
         hk = s.join("ssh_host_ed25519_key").display(),
         pid = sshd_pidfile(lab).display(),
         ak = s.join("authorized_keys").display(),
         bin = lab.bin_dir().display(),
         dir = lab.dir.display(),
+        home = home.display(),
     );
     std::fs::write(ssh.join("sshd_config"), config)?;
     if pid_alive(&sshd_pidfile(lab), "sshd").is_some() {
