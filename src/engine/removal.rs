@@ -188,6 +188,17 @@ pub fn destroys_container(spec: &ResourceSpec) -> Option<u64> {
     }
 }
 
+/// What [`read_target`] asks `d`'s target first: its resources' probes, and a guest's
+/// record of what provision manages there.
+pub fn first_probes(d: &DesiredTarget) -> Vec<Probe> {
+    let mut probes = d.probes();
+    let managed = Probe::Managed(crate::resources::managed::ManagedProbe {});
+    if matches!(d.target, Target::Guest { .. }) && !probes.contains(&managed) {
+        probes.push(managed);
+    }
+    probes
+}
+
 /// `d`'s probes read on `reader` together with the guest's record, then the probes of what
 /// the record holds and `d` no longer declares: `d` with those removals in front, the
 /// facts, and every probe read (a saved plan reads them all again).
@@ -196,11 +207,8 @@ pub fn read_target(
     reader: &dyn TargetReader,
     prune_models: bool,
 ) -> Result<(DesiredTarget, Facts, Vec<Probe>), EngineError> {
-    let mut probes = d.probes();
+    let mut probes = first_probes(d);
     let guest = matches!(d.target, Target::Guest { .. });
-    if guest && !probes.contains(&Probe::Managed(crate::resources::managed::ManagedProbe {})) {
-        probes.push(Probe::Managed(crate::resources::managed::ManagedProbe {}));
-    }
     let mut facts = reader.read(&probes)?;
     let mut d = d.clone();
     if let Target::Container { vmid, .. } = d.target {

@@ -70,7 +70,65 @@ pub fn check(
     gpus: &NodeGpus,
     want: &[Expected],
 ) -> Result<GpuView, NodeError> {
-    let extra: Vec<String> = want.iter().map(|e| shell_quote(&e.path)).collect();
+    let paths: Vec<String> = want.iter().map(|e| e.path.clone()).collect();
+    let seen = read(node, vmid, &[], &paths)?;
+    Ok(seen.compare(gpus, want))
+}
+
+/// What a running container showed of its NVIDIA device nodes (those under `/dev` and
+/// under each root read, and the paths named) and of its userspace driver, before it is
+/// compared with anything: read while the node's facts, which say what to expect, are.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    text: String,
+    roots: Vec<String>,
+    paths: Vec<String>,
+}
+
+impl Seen {
+    /// Whether this read looked at every path `want` names.
+    pub fn covers(&self, want: &[Expected]) -> bool {
+        want.iter().all(|e| {
+            self.paths.contains(&e.path)
+                || std::iter::once("")
+                    .chain(self.roots.iter().map(String::as_str))
+                    .any(|root| in_globs(root, &e.path))
+        })
+    }
+
+    /// Compares it with `want` and the node's driver.
+    pub fn compare(&self, gpus: &NodeGpus, want: &[Expected]) -> GpuView {
+        compare(&self.text, gpus, want)
+    }
+}
+
+/// Whether `path` is one that `ROOT/dev/nvidia*` or `ROOT/dev/nvidia-caps/*` names.
+fn in_globs(root: &str, path: &str) -> bool {
+    let Some(rest) = path.strip_prefix(root) else {
+        return false;
+    };
+    let leaf = |p: Option<&str>| p.is_some_and(|r| !r.contains('/'));
+    leaf(rest.strip_prefix("/dev/nvidia-caps/")) || leaf(rest.strip_prefix("/dev/nvidia"))
+}
+
+/// Reads what container `vmid` sees (see [`Seen`]), in one `pct exec` over `node`: its
+/// `/dev/nvidia*` and `/dev/nvidia-caps/*`, the same under each of `roots` (where the
+/// lab's stand-in nodes are), and `paths`.
+pub fn read(
+    node: std::sync::Arc<dyn Transport>,
+    vmid: u64,
+    roots: &[String],
+    paths: &[String],
+) -> Result<Seen, NodeError> {
+    let mut extra: Vec<String> = roots
+        .iter()
+        .filter(|r| !r.is_empty())
+        .flat_map(|r| {
+            let q = shell_quote(r);
+            [format!("{q}/dev/nvidia*"), format!("{q}/dev/nvidia-caps/*")]
+        })
+        .collect();
+    extra.extend(paths.iter().map(|p| shell_quote(p)));
     let script = format!(
         "for f in /dev/nvidia* /dev/nvidia-caps/* {}; do [ -c \"$f\" ] || continue; \
          if e=$( (exec 3<\"$f\") 2>&1 ); then a=open; else case \"$e\" in *'No such device'*) a=open;; *) a=denied;; esac; fi; \
@@ -88,7 +146,11 @@ pub fn check(
             stderr: super::tail(&out.stderr_text()),
         });
     }
-    Ok(compare(&out.stdout_text(), gpus, want))
+    Ok(Seen {
+        text: out.stdout_text(),
+        roots: roots.to_vec(),
+        paths: paths.to_vec(),
+    })
 }
 
 /// Compares the probe's output with what is wanted.
@@ -192,6 +254,32 @@ mod tests {
             owner: None,
             retire: Vec::new(),
         }
+    }
+
+    /// A read made before the facts said what to expect is used only when it looked at
+    /// every path expected; the lab's stand-in nodes live under a root.
+    #[test]
+    fn a_read_covers_the_paths_its_globs_and_names_reach() {
+        let e = |p: &str| Expected {
+            path: p.into(),
+            major: 195,
+            minor: 0,
+        };
+        let seen = |roots: &[&str], paths: &[&str]| Seen {
+            text: String::new(),
+            roots: roots.iter().map(|r| r.to_string()).collect(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+        };
+        let plain = seen(&[], &[]);
+        assert!(plain.covers(&[e("/dev/nvidia0"), e("/dev/nvidiactl"), e("/dev/nvidia-uvm")]));
+        assert!(plain.covers(&[e("/dev/nvidia-caps/nvidia-cap1")]));
+        assert!(!plain.covers(&[e("/lab/gpu/dev/nvidiactl")]));
+        assert!(!plain.covers(&[e("/dev/dri/card0")]));
+        assert!(!plain.covers(&[e("/dev/nvidia-caps/sub/x")]));
+        let lab = seen(&["/lab/gpu"], &[]);
+        assert!(lab.covers(&[e("/lab/gpu/dev/nvidiactl"), e("/dev/nvidia1")]));
+        assert!(!lab.covers(&[e("/lab/gpux/dev/nvidiactl")]));
+        assert!(seen(&[], &["/dev/dri/card0"]).covers(&[e("/dev/dri/card0")]));
     }
 
     #[test]

@@ -39,6 +39,16 @@ impl NodeProbe {
         gpu_check::check(self.node.clone(), vmid, gpus, want)
     }
 
+    /// What running container `vmid` shows of its GPUs, before anything is expected of
+    /// it (see [`gpu_check::Seen`]), also under each of `roots`.
+    pub fn container_seen(
+        &self,
+        vmid: u64,
+        roots: &[String],
+    ) -> Result<gpu_check::Seen, NodeError> {
+        gpu_check::read(self.node.clone(), vmid, roots, &[])
+    }
+
     /// Those of `dirs` that are not directories on the node, in one round trip.
     pub fn missing_dirs(&self, dirs: &[&str]) -> Result<Vec<String>, NodeError> {
         let script: String = dirs

@@ -147,10 +147,12 @@ pub(super) fn read_views<A: Api>(
                 continue;
             }
             let want = gpu_check::expected(gpus, spec);
-            views.insert(
-                (*vmid, spec.label.clone()),
-                probe.container_gpus(*vmid, gpus, &want),
-            );
+            // Read before the facts said what to expect, when it looked everywhere.
+            let view = match session.gpu_seen(node, *vmid, &gpus.root, probe) {
+                Ok(seen) if seen.covers(&want) => Ok(seen.compare(gpus, &want)),
+                _ => probe.container_gpus(*vmid, gpus, &want),
+            };
+            views.insert((*vmid, spec.label.clone()), view);
         }
     }
     views

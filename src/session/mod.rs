@@ -9,6 +9,7 @@
 //! cache (`/var/lib/provision/bin/provision-<sha256>`; `docs/architecture.md`).
 
 mod assumed;
+mod early;
 pub mod generations;
 mod gpus;
 pub mod guest;
@@ -19,6 +20,7 @@ pub mod ssh;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::access::{AccessError, ApiTarget, Listing, TargetReader, TargetWriter};
@@ -36,6 +38,7 @@ use crate::printer::Printer;
 use crate::proxmox::{ApiReader, ApiSettings, NodeApi, ProxmoxError};
 use crate::resources::ResourceSpec;
 use crate::resources::container::{ContainerSpec, RestartPolicy};
+use crate::timing;
 use crate::transport::{Transport, TransportError};
 
 pub use pool::Pool;
@@ -125,14 +128,22 @@ impl Api for NodeApi {
 
 /// One connection per name, made once by the first caller that needs it and shared by
 /// the threads that work on several targets at once.
-pub struct Slots<T>(Mutex<HashMap<String, Slot<T>>>);
+pub struct Slots<T> {
+    made: Mutex<HashMap<String, Slot<T>>>,
+    /// Why a [`Slots::prime`] failed, by name: the next `get` of that name answers it
+    /// instead of trying again (twice a connect timeout otherwise).
+    failed: Mutex<HashMap<String, SessionError>>,
+}
 
 /// One name's connection, once made; locked while it is being made.
 type Slot<T> = Arc<Mutex<Option<Arc<T>>>>;
 
 impl<T> Default for Slots<T> {
     fn default() -> Self {
-        Slots(Mutex::new(HashMap::new()))
+        Slots {
+            made: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -143,25 +154,65 @@ impl<T> Slots<T> {
         name: &str,
         connect: impl FnOnce() -> Result<T, SessionError>,
     ) -> Result<Arc<T>, SessionError> {
-        let slot = {
-            let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            all.entry(name.to_string()).or_default().clone()
-        };
+        let slot = self.slot(name);
         // The name's own slot is held while connecting, so two targets of one node share
         // one login while other nodes connect at the same time.
         let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(made) = slot.as_ref() {
             return Ok(made.clone());
         }
+        if let Some(e) = self.failed_prime(name) {
+            return Err(e);
+        }
         let made = Arc::new(connect()?);
         *slot = Some(made.clone());
         Ok(made)
     }
 
+    /// Makes the connection named `name` ahead of its first `get` (while something else
+    /// is waited for); a failure is kept for that `get` to answer, once.
+    pub fn prime(&self, name: &str, connect: impl FnOnce() -> Result<T, SessionError>) {
+        let slot = self.slot(name);
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        match connect() {
+            Ok(made) => *slot = Some(Arc::new(made)),
+            Err(e) => {
+                self.failed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.to_string(), e);
+            }
+        }
+    }
+
+    fn slot(&self, name: &str) -> Slot<T> {
+        let mut all = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        all.entry(name.to_string()).or_default().clone()
+    }
+
+    /// Forgets the failures of primes no `get` answered (their moment has passed: the
+    /// next `get` tries again).
+    pub fn forget_failed_primes(&self) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    fn failed_prime(&self, name: &str) -> Option<SessionError> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+    }
+
     /// The connection named `name` when it has been made.
     pub fn made(&self, name: &str) -> Option<Arc<T>> {
         let slot = self
-            .0
+            .made
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)?
@@ -169,9 +220,14 @@ impl<T> Slots<T> {
         slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Forgets every connection made (the next `get` of each makes a new one).
+    pub fn forget_all(&self) {
+        self.made.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// Forgets the connection named `name` (the next `get` makes a new one).
     pub fn forget(&self, name: &str) {
-        self.0
+        self.made
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
@@ -179,7 +235,7 @@ impl<T> Slots<T> {
 
     /// Each connection made, by name, in name order.
     pub fn each(&self, mut f: impl FnMut(&str, &T)) {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.made.lock().unwrap_or_else(|p| p.into_inner());
         let mut names: Vec<&String> = all.keys().collect();
         names.sort();
         for name in names {
@@ -204,6 +260,11 @@ pub struct Session<'a, A> {
     /// Each node's containers, listed once: by the first of its container's read and its
     /// guest's, which run at the same time.
     listings: Slots<Listing>,
+    /// Each guest read before the plan asked (see [`Self::prime`]), by container name.
+    guest_early: Slots<early::EarlyRead>,
+    /// What each running GPU container shows of its GPUs, by `node/vmid`: read while the
+    /// nodes' facts are (see [`Self::prime`]), compared once they are.
+    gpu_seen: Slots<crate::node::gpu_check::Seen>,
     /// The nodes whose containers this session's plan reads: their guests are planned
     /// from the node's listing (not there, stopped, reached through the node).
     listed_nodes: Mutex<BTreeSet<String>>,
@@ -234,6 +295,8 @@ impl<'a, A: Api> Session<'a, A> {
             node_ssh: Slots::default(),
             guest_ssh: Slots::default(),
             listings: Slots::default(),
+            gpu_seen: Slots::default(),
+            guest_early: Slots::default(),
             listed_nodes: Mutex::new(BTreeSet::new()),
             created: Mutex::new(BTreeSet::new()),
         }
@@ -271,11 +334,149 @@ impl<'a, A: Api> Session<'a, A> {
     /// The containers of `node`, listed once in this session (its version read first, as
     /// every read of the node does).
     fn listing(&self, node: &str) -> Result<Arc<Listing>, SessionError> {
-        self.listings.get(node, || {
-            let api = self.api_reader(node)?;
-            api.version()?;
-            Ok(crate::proxmox::container::list(&api)?)
+        self.listings.get(node, || self.list(node))
+    }
+
+    fn list(&self, node: &str) -> Result<Listing, SessionError> {
+        let api = self.api_reader(node)?;
+        api.version()?;
+        Ok(crate::proxmox::container::list(&api)?)
+    }
+
+    /// Makes, ahead of the plan's reads, the connections they will open, while the nodes'
+    /// GPU facts are read, which the reads wait for; `done` once the facts are in. First
+    /// each node's API login and container listing, when its containers are read. Then,
+    /// at once, what each running GPU container shows of its GPUs (over a second node
+    /// login), and one after the other the SSH login and an early read (see [`early`]) of
+    /// each guest read whose container runs. A read that comes first makes its own; a
+    /// failure is the read's to report, not tried twice.
+    fn prime(&self, wanted: &dyn Fn(&Target) -> bool, early: &[DesiredTarget], done: &AtomicBool) {
+        let root = std::env::var(crate::node::gpu::ROOT_ENV).unwrap_or_default();
+        let root = root.trim_end_matches('/');
+        std::thread::scope(|s| {
+            for (node_name, node) in &self.loaded.inventory.nodes {
+                let node_name = node_name.as_str();
+                let container =
+                    |name: &str, ct: &crate::inventory::container::Container| Target::Container {
+                        node: node_name.to_string(),
+                        name: name.to_string(),
+                        vmid: ct.vmid.value,
+                    };
+                let listed = node
+                    .containers
+                    .iter()
+                    .any(|(name, ct)| wanted(&container(name.as_str(), ct)));
+                if listed && !done.load(Ordering::Relaxed) {
+                    self.listings.prime(node_name, || self.list(node_name));
+                }
+                let listing = self.listings.made(node_name);
+                let runs = |vmid: u64| {
+                    listing
+                        .as_deref()
+                        .is_some_and(|l| l.get(&vmid).is_some_and(|(_, r)| *r))
+                };
+                let gpus: Vec<u64> = node
+                    .containers
+                    .iter()
+                    .filter(|(name, ct)| {
+                        ct.gpus.is_some()
+                            && wanted(&container(name.as_str(), ct))
+                            && runs(ct.vmid.value)
+                    })
+                    .map(|(_, ct)| ct.vmid.value)
+                    .collect();
+                if node.ssh.host.is_some() && !gpus.is_empty() {
+                    s.spawn(move || self.prime_gpu_views(node_name, &gpus, root, done));
+                }
+                for (name, ct) in &node.containers {
+                    let name = name.as_str();
+                    if done.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let guest = Target::Guest {
+                        name: name.to_string(),
+                        address: String::new(),
+                    };
+                    if !wanted(&guest) || (listed && !runs(ct.vmid.value)) {
+                        continue;
+                    }
+                    self.guest_ssh
+                        .prime(name, || ssh::guest_pool(self.loaded, name, &self.settings));
+                    if let Some(d) = early.iter().find(|d| d.target.names() == guest.names()) {
+                        self.read_early(name, d);
+                    }
+                }
+            }
         })
+    }
+
+    /// Reads guest `name` as its plan will (`d`, its desired state without the nodes'
+    /// facts, asks the same probes), over the login [`Self::prime`] made, for the plan's
+    /// read to take (see [`early`]). Nothing when that login failed or a read came first.
+    fn read_early(&self, name: &str, d: &DesiredTarget) {
+        self.guest_early.prime(name, || {
+            let Some(pool) = self.guest_ssh.made(name) else {
+                return Ok(early::EarlyRead::none());
+            };
+            let reader = AgentReader::new(Pool::transport(&pool), self.binary.clone())
+                .verify_full(self.settings.verify_full);
+            let probes = crate::engine::removal::first_probes(d);
+            let answer = timing::time("read guest early (beside the GPU facts)", || {
+                reader.read(&probes)
+            });
+            Ok(early::EarlyRead::of(probes, answer))
+        });
+    }
+
+    /// Reads what running containers `vmids` of `node` show of their GPUs, over a login of
+    /// its own made beside the one the facts are read over (so both go at once), which the
+    /// node's pool then takes in. When it cannot log in, the checks read as they would
+    /// have, over the pool, and report what fails.
+    fn prime_gpu_views(&self, node: &str, vmids: &[u64], root: &str, done: &AtomicBool) {
+        let Ok(opts) = ssh::node_options(self.loaded, node, &self.settings) else {
+            return;
+        };
+        if done.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(conn) = crate::transport::ssh::SshTransport::connect(&opts) else {
+            return;
+        };
+        let conn = Arc::new(conn);
+        let probe = NodeProbe::new(conn.clone());
+        // Logged in: the reads are the checks' own now, whether or not the facts are in.
+        for vmid in vmids {
+            self.gpu_seen.prime(&format!("{node}/{vmid}"), || {
+                Ok(probe.container_seen(*vmid, &[root.to_string()])?)
+            });
+        }
+        drop(probe);
+        if let (Ok(conn), Some(pool)) = (Arc::try_unwrap(conn), self.node_ssh.made(node)) {
+            pool.adopt(conn);
+        }
+    }
+
+    /// What running container `vmid` of `node` shows of its GPUs, also under `root`:
+    /// read once per session (ahead of the plan by [`Self::prime`], or now).
+    pub(crate) fn gpu_seen(
+        &self,
+        node: &str,
+        vmid: u64,
+        root: &str,
+        probe: &NodeProbe,
+    ) -> Result<Arc<crate::node::gpu_check::Seen>, SessionError> {
+        self.gpu_seen.get(&format!("{node}/{vmid}"), || {
+            Ok(probe.container_seen(vmid, &[root.to_string()])?)
+        })
+    }
+
+    /// Forgets what [`Self::prime`] could not make and no read asked for.
+    fn forget_failed_primes(&self) {
+        self.listings.forget_failed_primes();
+        self.guest_ssh.forget_failed_primes();
+        self.gpu_seen.forget_failed_primes();
+        // An early read is the plan's: a later read (apply's checks) reads the guest.
+        self.guest_early.forget_all();
     }
 
     /// A reader of `d`'s target: the agent for a guest (through the node when it does not
@@ -306,14 +507,25 @@ impl<'a, A: Api> Session<'a, A> {
                     Some(n) => Some(self.listing(n)?),
                     None => None,
                 };
-                let transport = match self.plan_read(name, listing.as_deref())? {
+                let (transport, ssh) = match self.plan_read(name, listing.as_deref())? {
                     guest::GuestRead::Empty(r) => return Ok(r),
-                    guest::GuestRead::Ssh(t) | guest::GuestRead::Node(t) => t,
+                    guest::GuestRead::Ssh(t) => (t, true),
+                    guest::GuestRead::Node(t) => (t, false),
                 };
-                Ok(Box::new(
+                let agent = Box::new(
                     AgentReader::new(transport, self.binary.clone())
                         .verify_full(self.settings.verify_full),
-                ))
+                );
+                // Read over SSH before the plan asked, or marked as not to be.
+                match ssh {
+                    true => Ok(Box::new(early::Prefetched {
+                        early: self
+                            .guest_early
+                            .get(name, || Ok(early::EarlyRead::none()))?,
+                        inner: agent,
+                    })),
+                    false => Ok(agent),
+                }
             }
             Target::Node { node, .. } => {
                 let agent = self
@@ -547,4 +759,43 @@ pub fn owner(loaded: &Loaded) -> String {
         .unwrap_or_else(|_| loaded.path.clone())
         .display()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(what: &str) -> SessionError {
+        Diagnostic::new(what.to_string()).into()
+    }
+
+    /// A connection made ahead of its first use is that use's; one that failed is
+    /// reported by that use, not tried again, and only once.
+    #[test]
+    fn a_primed_slot_answers_its_next_get_once() {
+        let slots: Slots<String> = Slots::default();
+        slots.prime("a", || Ok("made ahead".into()));
+        let got = slots.get("a", || panic!("connected twice")).unwrap();
+        assert_eq!(*got, "made ahead");
+
+        slots.prime("b", || Err(refused("no route to b")));
+        let err = slots.get("b", || panic!("tried again")).unwrap_err();
+        assert!(err.to_string().contains("no route to b"), "{err}");
+        // The failure is told once: the next get tries for itself.
+        let again = slots.get("b", || Ok("now".into())).unwrap();
+        assert_eq!(*again, "now");
+
+        // A failure no get asked for is forgotten after the plan.
+        slots.prime("c", || Err(refused("no route to c")));
+        slots.forget_failed_primes();
+        assert_eq!(*slots.get("c", || Ok("fresh".into())).unwrap(), "fresh");
+
+        // A prime does not replace what a get made first.
+        let first = slots.get("d", || Ok("first".into())).unwrap();
+        slots.prime("d", || panic!("primed what was made"));
+        assert!(Arc::ptr_eq(
+            &first,
+            &slots.get("d", || unreachable!()).unwrap()
+        ));
+    }
 }

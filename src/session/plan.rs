@@ -5,10 +5,11 @@
 //! the session: the engine's plan is handed readers alone.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{Api, Session, SessionError, Settings, assumed, gpus, privileges, ssh};
 use crate::agent::client::AgentBinary;
-use crate::compile::Library;
+use crate::compile::{Library, desired_state};
 use crate::diagnostic::Diagnostic;
 use crate::engine::schedule::Limits;
 use crate::engine::{DesiredTarget, reconcile, removal};
@@ -52,11 +53,61 @@ impl<'a, A: Api> Session<'a, A> {
 
     /// Reads the selected targets, concurrently as `options.limits` allows, and plans
     /// against those that could be read; the others are returned with their errors.
+    /// While the nodes' GPU facts are read, which every read waits for, the reads'
+    /// connections are made and the guests read early (see [`Session::prime`]); not when
+    /// no facts are read, nor when one target at a time is asked for.
     pub fn plan(
         &self,
         inventory: &str,
         library: &Library,
         options: &ReadOptions,
+    ) -> Result<reconcile::PartialPlan, SessionError> {
+        let wanted = |t: &Target| selected(t, &options.targets);
+        let facts_read = AtomicBool::new(false);
+        let waits = options.limits.parallelism > 1 && self.reads_gpu_facts(&wanted);
+        let planned = std::thread::scope(|s| {
+            if waits {
+                s.spawn(|| {
+                    // The guests' probes, from the inventory alone (see `early`).
+                    let early =
+                        desired_state(self.loaded(), library, &|_| None).unwrap_or_default();
+                    self.prime(&wanted, &early, &facts_read)
+                });
+            }
+            let planned = self.plan_all(inventory, library, options, &facts_read);
+            facts_read.store(true, Ordering::Relaxed);
+            planned
+        });
+        self.forget_failed_primes();
+        planned
+    }
+
+    /// Whether a plan of the targets `wanted` selects reads a node's GPU facts first
+    /// (as [`gpus::with_live_gpus`] decides).
+    fn reads_gpu_facts(&self, wanted: &dyn Fn(&Target) -> bool) -> bool {
+        self.loaded()
+            .inventory
+            .nodes
+            .iter()
+            .any(|(node_name, node)| {
+                node.ssh.host.is_some()
+                    && node.containers.iter().any(|(name, ct)| {
+                        ct.gpus.is_some()
+                            && wanted(&Target::Container {
+                                node: node_name.to_string(),
+                                name: name.to_string(),
+                                vmid: ct.vmid.value,
+                            })
+                    })
+            })
+    }
+
+    fn plan_all(
+        &self,
+        inventory: &str,
+        library: &Library,
+        options: &ReadOptions,
+        facts_read: &AtomicBool,
     ) -> Result<reconcile::PartialPlan, SessionError> {
         if options.migrate {
             return Err(Diagnostic::new(
@@ -66,9 +117,12 @@ impl<'a, A: Api> Session<'a, A> {
             .into());
         }
         let loaded = self.loaded();
-        let (desired, live) = timing::time("gpus: live facts", || {
+        let facts = timing::time("gpus: live facts", || {
             gpus::with_live_gpus(library, self, options)
-        })?;
+        });
+        // What was not made ahead by now the reads make themselves, at once.
+        facts_read.store(true, Ordering::Relaxed);
+        let (desired, live) = facts?;
         let undeclared = undeclared(&desired, loaded, options);
         let desired = select(desired, &options.targets)?;
         let desired = ssh::with_login_keys(desired, loaded, self.settings());
@@ -138,11 +192,14 @@ pub fn select(
     }
     Ok(desired
         .into_iter()
-        .filter(|d| {
-            let (full, short) = d.target.names();
-            targets.iter().any(|w| *w == full || *w == short)
-        })
+        .filter(|d| selected(&d.target, targets))
         .collect())
+}
+
+/// Whether `targets` (all when empty) select `target`.
+fn selected(target: &Target, targets: &[String]) -> bool {
+    let (full, short) = target.names();
+    targets.is_empty() || targets.iter().any(|w| *w == full || *w == short)
 }
 
 /// What the plan does with what is no longer declared: containers this inventory created

@@ -43,6 +43,13 @@ impl Pool {
         self.logins.load(Ordering::Relaxed) + replaced
     }
 
+    /// Takes in a connection to the same destination made outside the pool (beside its
+    /// first, while that one was busy): later commands use it too, and it counts as a login.
+    pub fn adopt(&self, t: SshTransport) {
+        self.logins.fetch_add(1, Ordering::Relaxed);
+        self.give_back(t);
+    }
+
     /// A transport that runs each command on one of this pool's connections.
     pub fn transport(this: &Arc<Pool>) -> Arc<dyn Transport> {
         Arc::new(Pooled(this.clone()))

@@ -51,6 +51,15 @@ pub(super) fn node_pool(
     name: &str,
     settings: &Settings,
 ) -> Result<Pool, SessionError> {
+    Ok(Pool::open(node_options(loaded, name, settings)?)?)
+}
+
+/// How node `name` is reached by SSH (see [`node_pool`]).
+pub(super) fn node_options(
+    loaded: &Loaded,
+    name: &str,
+    settings: &Settings,
+) -> Result<SshOptions, SessionError> {
     let node = loaded
         .inventory
         .nodes
@@ -60,12 +69,7 @@ pub(super) fn node_pool(
         Diagnostic::new(format!("node `{name}` has no SSH host"))
             .hint("set `ssh: { host: ... }` on the node: GPU facts and root-only edits go over it")
     })?;
-    Ok(Pool::open(options(
-        host.to_string(),
-        &node.ssh,
-        loaded,
-        settings,
-    ))?)
+    Ok(options(host.to_string(), &node.ssh, loaded, settings))
 }
 
 /// The public keys provision logs in to container `ct` with (what its create and its

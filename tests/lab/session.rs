@@ -3,7 +3,10 @@
 //! guest's sshd journal ("Accepted publickey"), read around one `apply` that changes the
 //! guest (a file) and the container (its memory, through the API) and reads the node's
 //! GPUs over its SSH. Before the engine owned the sessions, apply opened a second guest
-//! login after its plan's (and a second `AgentBinary`). Needs root and the lab.
+//! login after its plan's (and a second `AgentBinary`). The node has two logins: the one the
+//! facts, the plan and the apply go over, and one made beside it to read the running
+//! container's GPUs while the facts are read, which the node's pool then takes in. Needs
+//! root and the lab.
 
 use crate::pve_cli::{Cli, cleanup, lab};
 
@@ -26,7 +29,7 @@ fn guest_logins(cli: &Cli, vmid: u32) -> usize {
 }
 
 #[test]
-fn an_apply_logs_in_to_its_guest_and_its_node_once_for_plan_and_apply() {
+fn an_apply_logs_in_to_its_guest_once_and_its_node_twice_for_plan_and_apply() {
     let lab = lab();
     let _guard = cleanup(&lab, 9269);
     let cli = Cli::new(lab);
@@ -55,13 +58,13 @@ fn an_apply_logs_in_to_its_guest_and_its_node_once_for_plan_and_apply() {
     );
     assert_eq!(
         node_after - node_before,
-        1,
-        "the node's sshd saw {} logins for one apply (GPU facts, GPU checks):\n{out}",
+        2,
+        "the node's sshd saw {} logins for one apply (GPU facts beside the container's GPU read):\n{out}",
         node_after - node_before
     );
     // What -v says is what the logs saw.
     assert!(out.contains("guest.pxc-session: 1 SSH login(s)"), "{out}");
-    assert!(out.contains("node lab: 1 SSH login(s)"), "{out}");
+    assert!(out.contains("node lab: 2 SSH login(s)"), "{out}");
     assert_eq!(
         out.matches("API call(s)").count(),
         1,
