@@ -111,6 +111,14 @@ fn key_id(line: &str) -> Option<(&str, &str)> {
 
 const MARK: &str = "@@provision-bootstrap";
 
+/// Enables and starts sshd once the container's systemd answers. A container bootstrapped
+/// right after its start may not have its manager's socket yet: `systemctl` (as root, over
+/// `/run/systemd/private`) then fails with "Failed to connect to system scope bus via local
+/// transport: No such file or directory" (seen on a Debian 13 guest in the lab). The socket
+/// is waited for, up to 40 s; a container without systemd then fails as before, naming it.
+const START_SSH: &str = "n=0; while [ ! -S /run/systemd/private ] && [ $n -lt 200 ]; do sleep 0.2; n=$((n+1)); done; \
+     ssh-keygen -A >/dev/null && systemctl enable --now ssh.service";
+
 /// Reads what bootstrap needs to know, in one round trip through the node.
 pub fn read(ct: &PctTransport, spec: &BootstrapSpec) -> Result<BootstrapState, NodeError> {
     let script = format!(
@@ -226,12 +234,7 @@ pub fn run(ct: &PctTransport, spec: &BootstrapSpec) -> Result<BootstrapReport, N
         ));
     }
     if !state.sshd_installed || !state.sshd_active {
-        run_checked(
-            ct,
-            "starting ssh.service",
-            "ssh-keygen -A >/dev/null && systemctl enable --now ssh.service",
-            READ_TIMEOUT,
-        )?;
+        run_checked(ct, "starting ssh.service", START_SSH, READ_TIMEOUT)?;
         done.push("enabled and started ssh.service".into());
     }
     let after = read(ct, spec)?;
