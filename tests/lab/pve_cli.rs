@@ -242,8 +242,33 @@ nodes:
         self.ssh(&format!("root@{host}"), port, cmd)
     }
 
+    /// Waits, up to a minute, until the guest answers SSH: after an apply that restarted
+    /// its container (apply does not wait for a guest it does not change, and a check
+    /// right after reads it through the node while its sshd starts).
+    pub(crate) fn wait_guest(&self, ct: &Ct) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let to = format!("root@{}", self.ip(ct));
+        while !self.ssh_output(&to, "22", "true").status.success() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{to} did not answer SSH within a minute"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     fn ssh(&self, to: &str, port: &str, cmd: &str) -> String {
-        let o = Command::new("ssh")
+        let o = self.ssh_output(to, port, cmd);
+        assert!(
+            o.status.success(),
+            "`{cmd}` on {to}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn ssh_output(&self, to: &str, port: &str, cmd: &str) -> std::process::Output {
+        Command::new("ssh")
             .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-p", port])
             .args(["-o", "StrictHostKeyChecking=yes", "-o"])
             .arg(format!(
@@ -255,13 +280,7 @@ nodes:
             .arg(to)
             .arg(cmd)
             .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "`{cmd}` on {to}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+            .unwrap()
     }
 
     pub(crate) fn conf(&self, vmid: u32) -> PathBuf {
@@ -371,6 +390,7 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
     assert!(out.contains("1 line(s) added, 1 removed"), "{out}");
     cli.expect(&["check"], 0);
     // `restart: allowed`: the container was rebooted for its new lines.
+    cli.wait_guest(&ct);
     assert_gpu_visible(&cli, &ct);
 
     // A new address: changed live; the guest, now unknown at that address, is
@@ -454,6 +474,8 @@ fn an_existing_container_is_adopted_and_rebooted_for_its_gpu_lines() {
         clean.contains("driver: not checked (no nvidia-smi in the container)"),
         "{clean}"
     );
+    // Rebooted by that apply: its sshd may still be starting.
+    cli.wait_guest(&ct);
     assert_gpu_visible(&cli, &ct);
 }
 
