@@ -446,9 +446,8 @@ impl<'a, A: Api> Session<'a, A> {
         let probe = NodeProbe::new(conn.clone());
         // Logged in: the reads are the checks' own now, whether or not the facts are in.
         for vmid in vmids {
-            self.gpu_seen.prime(&format!("{node}/{vmid}"), || {
-                Ok(probe.container_seen(*vmid, &[root.to_string()])?)
-            });
+            let (key, read) = seen_read(node, *vmid, root, &probe);
+            self.gpu_seen.prime(&key, read);
         }
         drop(probe);
         if let (Ok(conn), Some(pool)) = (Arc::try_unwrap(conn), self.node_ssh.made(node)) {
@@ -465,9 +464,8 @@ impl<'a, A: Api> Session<'a, A> {
         root: &str,
         probe: &NodeProbe,
     ) -> Result<Arc<crate::node::gpu_check::Seen>, SessionError> {
-        self.gpu_seen.get(&format!("{node}/{vmid}"), || {
-            Ok(probe.container_seen(vmid, &[root.to_string()])?)
-        })
+        let (key, read) = seen_read(node, vmid, root, probe);
+        self.gpu_seen.get(&key, read)
     }
 
     /// Forgets what [`Self::prime`] could not make and no read asked for.
@@ -759,6 +757,21 @@ pub fn owner(loaded: &Loaded) -> String {
         .unwrap_or_else(|_| loaded.path.clone())
         .display()
         .to_string()
+}
+
+/// The key of container `vmid` of `node` among the GPU views, and its read (also under
+/// `root`): one for the primer and the plan's checks.
+fn seen_read<'p>(
+    node: &str,
+    vmid: u64,
+    root: &'p str,
+    probe: &'p NodeProbe,
+) -> (
+    String,
+    impl FnOnce() -> Result<crate::node::gpu_check::Seen, SessionError> + 'p,
+) {
+    let read = move || Ok(probe.container_seen(vmid, &[root.to_string()])?);
+    (format!("{node}/{vmid}"), read)
 }
 
 #[cfg(test)]
