@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::proxmox::container::ContainerError;
 use crate::proxmox::{ApiReader, NodeApi};
 use crate::resources::container::ContainerSpec;
+use crate::resources::op::Deadline;
 use crate::resources::wire::{Fact, Facts, Probe};
 
 /// The operations of an apply live with the kinds that declare them
@@ -221,6 +222,15 @@ impl TargetWriter for ApiTarget<NodeApi> {
                     millis: took.as_millis() as u64,
                 });
             };
+            let deadline = match op {
+                Op::Api(api) => Deadline::after(api.limit()),
+                _ => {
+                    return Err(AccessError::Unsupported {
+                        target: self.describe(),
+                        what: op.describe(),
+                    });
+                }
+            };
             let (address, done) = match op {
                 Op::Api(ApiOp::Container {
                     address,
@@ -233,10 +243,13 @@ impl TargetWriter for ApiTarget<NodeApi> {
                     crate::proxmox::container::apply(
                         &self.api,
                         spec,
-                        *action,
-                        *allow_replace,
-                        *start,
+                        crate::proxmox::container::Asked {
+                            planned: *action,
+                            allow_replace: *allow_replace,
+                            start: *start,
+                        },
                         &self.owner,
+                        deadline,
                         &mut log,
                     ),
                 ),
@@ -246,12 +259,13 @@ impl TargetWriter for ApiTarget<NodeApi> {
                         &self.api,
                         *vmid,
                         &self.owner,
+                        deadline,
                         &mut log,
                     ),
                 ),
                 Op::Api(ApiOp::Start { vmid, reboot }) => (
                     format!("CT {vmid}"),
-                    crate::proxmox::container::start(&self.api, *vmid, *reboot, &mut log),
+                    crate::proxmox::container::start(&self.api, *vmid, *reboot, deadline, &mut log),
                 ),
                 _ => {
                     return Err(AccessError::Unsupported {

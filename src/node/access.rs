@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::access::{AccessError, ApiOp, Op, OpOutcome, TargetReader, TargetWriter};
 use crate::proxmox::container::ContainerError;
 use crate::proxmox::{ApiReader, NodeApi};
+use crate::resources::op::Deadline;
 use crate::resources::wire::{Fact, Facts, Probe};
 
 /// Read access to a node: GET on its API ([`ApiReader`]) and the agent's probes.
@@ -115,9 +116,10 @@ impl<W: TargetWriter> TargetWriter for NodeWriter<W> {
         let mut results = Vec::new();
         let mut i = 0;
         while i < ops.len() {
-            if let Op::Api(ApiOp::Template { address, spec }) = &ops[i] {
+            if let Op::Api(op @ ApiOp::Template { address, spec }) = &ops[i] {
                 let started = Instant::now();
-                crate::proxmox::storage::download(&self.api, spec).map_err(|e| {
+                let deadline = Deadline::after(op.limit());
+                crate::proxmox::storage::download(&self.api, spec, deadline).map_err(|e| {
                     AccessError::Apply {
                         address: address.clone(),
                         source: Box::new(ContainerError::from(e)),

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{NodeError, tail};
 pub use crate::resources::config_edit::{ConfigEdit, NotShown};
 use crate::resources::container::PveContainerFact;
+use crate::resources::op::Deadline;
 use crate::resources::pve_lines::same_line;
 use crate::transport::{Transport, shell_quote};
 
@@ -22,6 +23,20 @@ pub const PVE_LOCK_DIR: &str = "/run/lock/lxc";
 /// How long Proxmox waits for a config lock before `got timeout`.
 const LOCK_WAIT_SECS: u32 = 10;
 const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the next command of an edit may run: the per-command bound, or what is left of
+/// its operation's `deadline` when that is less; an error once the deadline passed (an
+/// exec given no time would wait without a bound).
+fn timeout(node: &dyn Transport, deadline: Deadline, what: &str) -> Result<Duration, NodeError> {
+    if deadline.passed() {
+        return Err(NodeError::OutOfTime {
+            what: what.to_string(),
+            target: node.describe(),
+            limit_s: deadline.limit().as_secs(),
+        });
+    }
+    Ok(deadline.left().min(TIMEOUT))
+}
 /// Exit statuses of the write script that mean something to us.
 const EXIT_LOCK_TIMEOUT: i32 = 75;
 const EXIT_CONFLICT: i32 = 76;
@@ -87,8 +102,13 @@ impl RawConfig {
 }
 
 /// Reads the config over node SSH (one round trip).
-pub fn read(node: &dyn Transport, file: &ConfigFile) -> Result<RawConfig, NodeError> {
-    let out = node.exec(&format!("cat {}", shell_quote(&file.path)), &[], TIMEOUT)?;
+pub fn read(
+    node: &dyn Transport,
+    file: &ConfigFile,
+    deadline: Deadline,
+) -> Result<RawConfig, NodeError> {
+    let cmd = format!("cat {}", shell_quote(&file.path));
+    let out = node.exec(&cmd, &[], timeout(node, deadline, &cmd)?)?;
     if !out.success() {
         return Err(NodeError::BadConfig {
             path: file.path.clone(),
@@ -106,6 +126,7 @@ pub fn write(
     file: &ConfigFile,
     read: &RawConfig,
     edit: &ConfigEdit,
+    deadline: Deadline,
 ) -> Result<RawConfig, NodeError> {
     if let Some(lock) = read.conf.lock() {
         return Err(NodeError::Command {
@@ -127,7 +148,8 @@ pub fn write(
         lock = shell_quote(&file.lock),
         digest = read.digest(),
     );
-    let out = node.exec(&script, new.as_bytes(), TIMEOUT)?;
+    let limit = timeout(node, deadline, &format!("the locked edit of {}", file.path))?;
+    let out = node.exec(&script, new.as_bytes(), limit)?;
     match out.status {
         Some(0) => {}
         Some(EXIT_LOCK_TIMEOUT) => {
@@ -167,6 +189,7 @@ pub fn pct_set(
     digest: &str,
     set: &[(String, String)],
     delete: &[String],
+    deadline: Deadline,
 ) -> Result<RawConfig, NodeError> {
     let mut cmd = format!("pct set {} --digest {digest}", file.vmid);
     for (k, v) in set {
@@ -176,7 +199,8 @@ pub fn pct_set(
         cmd.push_str(&format!(" --delete {}", shell_quote(&delete.join(","))));
     }
     cmd.push_str(&format!(" && cat {}", shell_quote(&file.path)));
-    let out = node.exec(&cmd, &[], TIMEOUT)?;
+    let limit = timeout(node, deadline, &format!("pct set {}", file.vmid))?;
+    let out = node.exec(&cmd, &[], limit)?;
     if !out.success() {
         let stderr = out.stderr_text();
         if stderr.contains("detected modified configuration") {
@@ -229,10 +253,11 @@ pub fn apply(
     node: &dyn Transport,
     file: &ConfigFile,
     edit: &ConfigEdit,
+    deadline: Deadline,
 ) -> Result<RawConfig, NodeError> {
-    let mut now = read(node, file)?;
+    let mut now = read(node, file, deadline)?;
     if !edit.set.is_empty() || !edit.delete.is_empty() {
-        now = pct_set(node, file, now.digest(), &edit.set, &edit.delete)?;
+        now = pct_set(node, file, now.digest(), &edit.set, &edit.delete, deadline)?;
     }
     // The description (the record of the lines written) goes with the raw lines, in the
     // last write: a kill between the two writes leaves options written and unrecorded,
@@ -244,7 +269,7 @@ pub fn apply(
         ..Default::default()
     };
     if !lines.is_empty() {
-        now = write(node, file, &now, &lines)?;
+        now = write(node, file, &now, &lines, deadline)?;
     }
     Ok(now)
 }
@@ -256,11 +281,12 @@ pub fn converge(
     file: &ConfigFile,
     wanted: &[(String, String)],
     owns: &dyn Fn(&str, &str) -> bool,
+    deadline: Deadline,
 ) -> Result<RawConfig, NodeError> {
-    let now = read(node, file)?;
+    let now = read(node, file, deadline)?;
     let edit = ConfigEdit::toward(wanted, &now.pairs(), owns);
     if edit.is_empty() {
         return Ok(now);
     }
-    apply(node, file, &edit)
+    apply(node, file, &edit, deadline)
 }

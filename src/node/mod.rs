@@ -60,6 +60,19 @@ pub enum NodeError {
         /// The lock file.
         lock: String,
     },
+    /// The operation's time ran out before this command of it.
+    #[error(
+        "{what} on {target} was not started: its operation's limit ({limit_s}s) has passed\n\
+         hint: run the apply again; it goes on from what is there now"
+    )]
+    OutOfTime {
+        /// What was to be done.
+        what: String,
+        /// Where.
+        target: String,
+        /// The operation's limit, in seconds.
+        limit_s: u64,
+    },
     /// The node's config file is not what Proxmox writes.
     #[error("cannot read {path} on the node: {detail}")]
     BadConfig {

@@ -11,6 +11,7 @@ use super::gpu_check;
 use crate::access::{
     AccessError, ApiOp, ApiTarget, NodeOp, Op, OpOutcome, TargetReader, TargetWriter,
 };
+use crate::resources::op::Deadline;
 use crate::resources::pve_lines::{self, PveLinesSpec, place_devs};
 use crate::resources::wire::{Facts, Probe};
 use crate::transport::Transport;
@@ -50,6 +51,7 @@ impl NodeSteps {
     /// Runs one node step; the outcome says what was done.
     fn run(&self, op: &NodeOp) -> Result<OpOutcome, AccessError> {
         let started = Instant::now();
+        let deadline = Deadline::after(op.limit().duration());
         let NodeOp::Lines { address, spec } = op else {
             return Err(AccessError::Unsupported {
                 target: "a container's config".into(),
@@ -63,8 +65,8 @@ impl NodeSteps {
         let mut attempt = 0;
         let edit = loop {
             attempt += 1;
-            let before =
-                config_edit::read(self.node.as_ref(), &file).map_err(|e| node_err(address, e))?;
+            let before = config_edit::read(self.node.as_ref(), &file, deadline)
+                .map_err(|e| node_err(address, e))?;
             let owns = |k: &str, v: &str| spec.owns(k, v);
             let mut edit = config_edit::ConfigEdit::toward(&wanted, &before.pairs(), &owns);
             edit.description = record(&before, spec, &place_devs(&wanted, &before.pairs(), &owns))
@@ -72,7 +74,7 @@ impl NodeSteps {
             if edit.is_empty() {
                 break edit;
             }
-            match config_edit::apply(self.node.as_ref(), &file, &edit) {
+            match config_edit::apply(self.node.as_ref(), &file, &edit, deadline) {
                 Ok(_) => break edit,
                 Err(NodeError::Conflict { .. }) if attempt < REPLAN_ATTEMPTS => continue,
                 Err(e) => return Err(node_err(address, e)),

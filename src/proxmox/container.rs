@@ -16,9 +16,7 @@ use crate::resources::container::PveContainerFact;
 use crate::resources::container::{
     ContainerSpec, RestartPolicy, marker_created, marker_description, marker_template,
 };
-
-/// How long a create (template unpack) or a power task may take.
-const TASK_LIMIT: Duration = Duration::from_secs(600);
+use crate::resources::op::Deadline;
 
 /// How often a write whose config changed underneath is re-read and re-planned.
 const REPLAN_ATTEMPTS: usize = 3;
@@ -209,7 +207,7 @@ pub fn read_for(
         // A create still running, started by an apply that was interrupted: the node
         // finishes it regardless, so its end is waited for (a failed one is reported with
         // its log) and the container read again.
-        follow(api, &Value::String(upid), CREATE_WAIT)?;
+        follow(api, &Value::String(upid), Deadline::after(CREATE_WAIT))?;
         let running = list(api)?.get(&spec.vmid).is_some_and(|(_, r)| *r);
         fact = read(api, spec.vmid, running)?;
     }
@@ -302,20 +300,36 @@ fn root_only(
 /// What one write did, for the apply log.
 pub type Done = Vec<String>;
 
+/// What a container write is asked to do (an `ApiOp::Container`'s own fields).
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    /// What the plan says to do.
+    pub planned: Action,
+    /// Whether a replace may destroy the container.
+    pub allow_replace: bool,
+    /// Whether the container is started here (else its start follows its root-only lines).
+    pub start: bool,
+}
+
 /// Carries out `planned` for `spec`: create, replace (only when `allow_replace`), or update
 /// in place. Reads the container again first: a config that changed since the plan is planned
 /// again, never overwritten; the end state is read back and must match. Without `start`, a
 /// created or stopped container is left stopped (root-only lines are written next, then
-/// [`start`] runs) and its power state is not verified.
+/// [`start`] runs) and its power state is not verified. Every task it starts ends by
+/// `deadline`.
 pub fn apply(
     api: &NodeApi,
     spec: &ContainerSpec,
-    planned: Action,
-    allow_replace: bool,
-    start: bool,
+    asked: Asked,
     owner: &str,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
+    let Asked {
+        planned,
+        allow_replace,
+        start,
+    } = asked;
     if planned == Action::Replace && !allow_replace {
         return Err(ContainerError::ReplaceRefused(spec.vmid));
     }
@@ -342,16 +356,16 @@ pub fn apply(
             return Ok(());
         };
         let result = match (delta.action, &found) {
-            (Action::Create, _) => create(api, spec, start, owner, log),
+            (Action::Create, _) => create(api, spec, start, owner, deadline, log),
             (Action::Replace, Some(f)) => {
                 if !allow_replace {
                     return Err(ContainerError::ReplaceRefused(spec.vmid));
                 }
-                destroy(api, spec.vmid, f.running, &[], log)?;
-                create(api, spec, start, owner, log)
+                destroy(api, spec.vmid, f.running, &[], deadline, log)?;
+                create(api, spec, start, owner, deadline, log)
             }
-            (_, Some(f)) => update(api, spec, f, &delta, start, log),
-            (_, None) => create(api, spec, start, owner, log),
+            (_, Some(f)) => update(api, spec, f, &delta, start, deadline, log),
+            (_, None) => create(api, spec, start, owner, deadline, log),
         };
         match result {
             Err(ContainerError::Api(ProxmoxError::Modified { .. })) => continue,
@@ -385,16 +399,17 @@ pub fn start(
     api: &NodeApi,
     vmid: u64,
     reboot: bool,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let listing = list(api)?;
     let base = api.node_path(&format!("/lxc/{vmid}"));
     let running = listing.get(&vmid).is_some_and(|(_, r)| *r);
     if !running {
-        start_ct(api, &base, vmid, log)?;
+        start_ct(api, &base, vmid, deadline, log)?;
     } else if reboot {
         let what = format!("reboot CT {vmid} so its new root-only lines take effect");
-        power(api, &base, "reboot", &what, log)?;
+        power(api, &base, "reboot", &what, deadline, log)?;
     } else {
         log(
             &format!(
@@ -420,9 +435,17 @@ fn start_ct(
     api: &NodeApi,
     base: &str,
     vmid: u64,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ProxmoxError> {
-    match power(api, base, "start", &format!("start CT {vmid}"), log) {
+    match power(
+        api,
+        base,
+        "start",
+        &format!("start CT {vmid}"),
+        deadline,
+        log,
+    ) {
         Err(e) if already_running(&e, vmid) => {
             log(
                 &format!(
@@ -452,11 +475,12 @@ fn power(
     base: &str,
     action: &str,
     what: &str,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ProxmoxError> {
     timed(log, what, || {
         let upid = api.call("POST", &format!("{base}/status/{action}"), &[])?;
-        follow(api, &upid, TASK_LIMIT)
+        follow(api, &upid, deadline)
     })
 }
 
@@ -476,6 +500,7 @@ fn create(
     spec: &ContainerSpec,
     start: bool,
     owner: &str,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let vmid = spec.vmid.to_string();
@@ -502,7 +527,7 @@ fn create(
     };
     timed(log, &what, || {
         let upid = api.call("POST", &api.node_path("/lxc"), &params)?;
-        follow(api, &upid, TASK_LIMIT)
+        follow(api, &upid, deadline)
     })?;
     Ok(())
 }
@@ -515,18 +540,26 @@ fn destroy(
     vmid: u64,
     running: bool,
     params: &[(&str, &str)],
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let base = api.node_path(&format!("/lxc/{vmid}"));
     if running {
-        power(api, &base, "stop", &format!("stop CT {vmid}"), log)?;
+        power(
+            api,
+            &base,
+            "stop",
+            &format!("stop CT {vmid}"),
+            deadline,
+            log,
+        )?;
     }
     timed(
         log,
         &format!("destroy CT {vmid} (its own volumes; host bind mounts kept)"),
         || {
             let upid = api.call("DELETE", &base, params)?;
-            follow(api, &upid, TASK_LIMIT)
+            follow(api, &upid, deadline)
         },
     )?;
     Ok(())
@@ -576,6 +609,7 @@ pub fn destroy_undeclared(
     api: &NodeApi,
     vmid: u64,
     owner: &str,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let listing = list(api)?;
@@ -593,7 +627,7 @@ pub fn destroy_undeclared(
         });
     }
     let params = [("purge", "1"), ("destroy-unreferenced-disks", "0")];
-    destroy(api, vmid, *running, &params, log)?;
+    destroy(api, vmid, *running, &params, deadline, log)?;
     if list(api)?.contains_key(&vmid) {
         return Err(ContainerError::NotConverged {
             vmid,
@@ -609,6 +643,7 @@ fn update(
     found: &PveContainerFact,
     delta: &Delta,
     start: bool,
+    deadline: Deadline,
     log: &mut dyn FnMut(&str, Duration),
 ) -> Result<(), ContainerError> {
     let vmid = spec.vmid;
@@ -657,14 +692,14 @@ fn update(
         return Ok(());
     }
     if !found.running {
-        start_ct(api, &base, vmid, log)?;
+        start_ct(api, &base, vmid, deadline, log)?;
         return Ok(());
     }
     if spec.restart == RestartPolicy::Allowed {
         let after = read(api, vmid, true)?;
         if !after.pending.is_empty() || !after.pending_delete.is_empty() {
             let what = format!("reboot CT {vmid} to apply pending changes");
-            power(api, &base, "reboot", &what, log)?;
+            power(api, &base, "reboot", &what, deadline, log)?;
         }
     }
     Ok(())

@@ -4,15 +4,12 @@
 //! the storage listed again.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::client::{ApiReader, NodeApi};
 use super::error::ProxmoxError;
 use super::tasks::follow;
+use crate::resources::op::Deadline;
 use crate::resources::template::{TemplateFact, TemplateSpec};
-
-/// How long the node may take to download a template.
-const DOWNLOAD_LIMIT: Duration = Duration::from_secs(1800);
 
 /// The templates of `storage`, by volume ID.
 pub fn templates(
@@ -37,8 +34,12 @@ pub fn templates(
 }
 
 /// Has the node download `spec` into its storage and waits for it; the template must be
-/// listed afterwards.
-pub fn download(api: &NodeApi, spec: &TemplateSpec) -> Result<(), ProxmoxError> {
+/// listed afterwards; all of it by `deadline`.
+pub fn download(
+    api: &NodeApi,
+    spec: &TemplateSpec,
+    deadline: Deadline,
+) -> Result<(), ProxmoxError> {
     let (storage, file) = spec.storage_and_file();
     let path = api.node_path(&format!("/storage/{storage}/download-url"));
     let upid = api.call(
@@ -52,7 +53,7 @@ pub fn download(api: &NodeApi, spec: &TemplateSpec) -> Result<(), ProxmoxError> 
             ("checksum-algorithm", &spec.checksum_algorithm),
         ],
     )?;
-    follow(api, &upid, DOWNLOAD_LIMIT)?;
+    follow(api, &upid, deadline)?;
     if templates(api, storage)?.contains_key(&spec.volume) {
         Ok(())
     } else {

@@ -1,25 +1,25 @@
 //! Following a task (a UPID) to `stopped`; an exit status other than `OK` is an error that
 //! carries the last lines of the task's log.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use super::client::ApiReader;
 use super::error::ProxmoxError;
+use crate::resources::op::Deadline;
 
 /// Lines of the log shown when a task fails.
 const LOG_TAIL: usize = 12;
 
-/// Waits for the task `upid` (the `data` of the call that started it) to stop; returns its
-/// log when it ended `OK`.
-pub fn follow(api: &ApiReader, upid: &Value, limit: Duration) -> Result<(), ProxmoxError> {
+/// Waits for the task `upid` (the `data` of the call that started it) to stop, at most
+/// until `deadline` (its operation's limit); returns its log when it ended `OK`.
+pub fn follow(api: &ApiReader, upid: &Value, deadline: Deadline) -> Result<(), ProxmoxError> {
     let upid = upid.as_str().unwrap_or_default();
     let kind = pve::upid::Upid::decode(upid)
         .map(|u| format!("{} {}", u.kind, u.id))
         .unwrap_or_else(|| upid.to_string());
     let status_path = api.node_path(&format!("/tasks/{upid}/status"));
-    let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(100);
     loop {
         let st = api.get(&status_path, &[])?;
@@ -35,15 +35,18 @@ pub fn follow(api: &ApiReader, upid: &Value, limit: Duration) -> Result<(), Prox
                 log: log_tail(api, upid),
             });
         }
-        if Instant::now() > deadline {
+        if deadline.passed() {
             return Err(ProxmoxError::Task {
                 node: api.label.clone(),
                 kind,
-                exitstatus: format!("still running after {}s", limit.as_secs()),
+                exitstatus: format!(
+                    "still running at its operation's limit ({}s)",
+                    deadline.limit().as_secs()
+                ),
                 log: log_tail(api, upid),
             });
         }
-        std::thread::sleep(pause);
+        std::thread::sleep(pause.min(deadline.left()));
         pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

@@ -3,12 +3,14 @@
 //! declares them in [`super::Resource::ops`]; the engine orders them across kinds
 //! (`engine/ops.rs`) and a target's writer runs the ones it carries (`access.rs`).
 
+use std::time::{Duration, Instant};
+
 use crate::plan::Action;
 
 use super::StepsError;
 use super::container::ContainerSpec;
 use super::pve_lines::PveLinesSpec;
-use super::wire::Step;
+use super::wire::{AgentStep, Limit, Step, minutes};
 
 /// What an apply was allowed to do, as the kinds' operations need it (from
 /// `engine::reconcile::ApplyOptions`).
@@ -108,6 +110,17 @@ pub enum ApiOp {
 }
 
 impl Op {
+    /// How long the whole operation may take: a guest step's own limit (the client stops
+    /// it past that, `agent/attach.rs`), or the deadline that an API or node operation's
+    /// writer gives every task and command it runs ([`Deadline`]).
+    pub fn limit(&self) -> Limit {
+        match self {
+            Op::Guest(step) => step.limit(),
+            Op::Api(op) => Limit::Total(op.limit()),
+            Op::Node(op) => op.limit(),
+        }
+    }
+
     /// A short description for progress lines.
     pub fn describe(&self) -> String {
         match self {
@@ -135,6 +148,75 @@ impl Op {
     }
 }
 
+impl ApiOp {
+    /// How long the operation may take, every Proxmox task it starts and follows included.
+    pub fn limit(&self) -> Duration {
+        match self {
+            // A replace runs up to four tasks: stop, destroy, create (the template's unpack,
+            // the slow one) and start.
+            ApiOp::Container { .. } => minutes(30),
+            // One task: a start, or a reboot (stop and start inside it).
+            ApiOp::Start { .. } => minutes(10),
+            // Two: stop, then destroy.
+            ApiOp::Destroy { .. } => minutes(20),
+            // The node's download of the template, its checksum checked.
+            ApiOp::Template { .. } => minutes(30),
+        }
+    }
+}
+
+impl NodeOp {
+    /// How long the operation may take.
+    pub fn limit(&self) -> Limit {
+        match self {
+            // Reads, `pct set` and the locked edit, each a node command that takes
+            // milliseconds, a config lock waited for (10 s at most per edit) and up to three
+            // attempts when the config changes underneath.
+            NodeOp::Lines { .. } => Limit::Total(minutes(3)),
+            // The node's fetch is the agent's step, limited as that step; the push into the
+            // container that follows is a local copy on the node.
+            NodeOp::PushInstaller { url, sha256, .. } => super::gpu_userspace::FetchInstallerStep {
+                url: url.clone(),
+                sha256: sha256.clone(),
+            }
+            .limit(),
+        }
+    }
+}
+
+/// When an API or node operation's time is up: each task it follows and each command it
+/// runs may take what is left of its [`ApiOp::limit`] or [`NodeOp::limit`], no more.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub fn after(limit: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + limit,
+            limit,
+        }
+    }
+
+    /// The operation's whole limit.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// What is left of it (zero once it passed).
+    pub fn left(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether it passed.
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+}
+
 /// A change of `spec` on `target` with its action and nothing else, for the kinds' and the
 /// engine's unit tests.
 #[cfg(test)]
@@ -156,5 +238,47 @@ pub(crate) fn bare_change(
         warnings: Vec::new(),
         typed: None,
         spec,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_says_what_is_left_and_when_it_passed() {
+        let spent = Deadline::after(Duration::ZERO);
+        assert!(spent.passed());
+        assert_eq!(spent.left(), Duration::ZERO);
+        let minute = Deadline::after(minutes(1));
+        assert!(!minute.passed());
+        assert!(minute.left() <= minutes(1) && minute.left() > Duration::from_secs(50));
+        assert_eq!(minute.limit(), minutes(1));
+    }
+
+    #[test]
+    fn node_and_api_operations_carry_limits_that_fit_their_tasks() {
+        let start = ApiOp::Start {
+            vmid: 100,
+            reboot: true,
+        };
+        let destroy = ApiOp::Destroy {
+            address: "container.x".into(),
+            vmid: 100,
+        };
+        // A destroy stops first: two tasks, each as long as a start may take.
+        assert!(destroy.limit() >= 2 * start.limit());
+        assert_eq!(Op::Api(start.clone()).limit(), Limit::Total(start.limit()));
+        let push = NodeOp::PushInstaller {
+            address: "gpu_userspace.x".into(),
+            url: "https://example.invalid/NVIDIA.run".into(),
+            sha256: "0".repeat(64),
+        };
+        // The node's push is limited as the agent step that fetches, which it runs.
+        let fetch = super::super::gpu_userspace::FetchInstallerStep {
+            url: "https://example.invalid/NVIDIA.run".into(),
+            sha256: "0".repeat(64),
+        };
+        assert_eq!(Op::Node(push).limit(), fetch.limit());
     }
 }

@@ -7,7 +7,7 @@
 //! by hand since is kept and named. Needs root and the lab (`eval "$(scripts/lab up)"`).
 
 use crate::guestlab::Guest;
-use crate::node::{config_file, node_ssh, provision_with_node_ssh, sh};
+use crate::node::{config_file, minute, node_ssh, provision_with_node_ssh, sh};
 
 use provision::node::config_edit::{self, ConfigEdit};
 
@@ -60,16 +60,16 @@ fn a_removed_roles_lines_go_and_hand_written_ones_stay() {
     let vmid = g.ct.vmid;
     // Written by hand before provision knew the container: a device as dev0 and a raw line.
     sh(node.as_ref(), &format!("pct set {vmid} --dev0 /dev/zero"));
-    let before = config_edit::read(node.as_ref(), &file).unwrap();
+    let before = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let hand = ("lxc.prlimit.nproc".to_string(), "999".to_string());
     let add = ConfigEdit {
         add_lxc: vec![hand.clone()],
         ..Default::default()
     };
-    config_edit::write(node.as_ref(), &file, &before, &add).unwrap();
+    config_edit::write(node.as_ref(), &file, &before, &add, minute()).unwrap();
 
     expect(&g, true, &["apply", "--yes"], 0);
-    let conf = config_edit::read(node.as_ref(), &file).unwrap();
+    let conf = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let dev = |k: &str| option(&conf.conf, k);
     // The role's dev0 took the next free index: the user's dev0 is theirs.
     assert_eq!(dev("dev0").as_deref(), Some("/dev/zero"), "{}", conf.text);
@@ -85,7 +85,7 @@ fn a_removed_roles_lines_go_and_hand_written_ones_stay() {
     expect(&g, true, &["check"], 0);
 
     // A recorded line changed by hand since.
-    let now = config_edit::read(node.as_ref(), &file).unwrap();
+    let now = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let env = |v: &str| {
         (
             "lxc.environment".to_string(),
@@ -97,7 +97,7 @@ fn a_removed_roles_lines_go_and_hand_written_ones_stay() {
         remove_lxc: vec![env("1")],
         ..Default::default()
     };
-    config_edit::write(node.as_ref(), &file, &now, &edit).unwrap();
+    config_edit::write(node.as_ref(), &file, &now, &edit, minute()).unwrap();
 
     // The role dropped: `-` for exactly its lines still as written.
     let plan = expect(&g, false, &["plan"], 0);
@@ -122,7 +122,7 @@ fn a_removed_roles_lines_go_and_hand_written_ones_stay() {
     expect(&g, false, &["check"], 2);
 
     expect(&g, false, &["apply", "--yes"], 0);
-    let after = config_edit::read(node.as_ref(), &file).unwrap();
+    let after = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let c = &after.conf;
     assert_eq!(
         option(c, "dev1"),

@@ -21,12 +21,18 @@ use provision::node::NodeError;
 use provision::node::bootstrap::{self, BootstrapSpec, GuestEntry, HostKeyTrust};
 use provision::node::config_edit::{self, ConfigEdit, ConfigFile};
 use provision::node::gpu::{self as node_gpu, NodeGpus};
+use provision::resources::op::Deadline;
 use provision::resources::pve_lines::PveLinesSpec;
 use provision::resources::wire::{Fact, Facts, Probe};
 use provision::resources::{Resource, ResourceSpec};
 use provision::transport::pct::PctTransport;
 use provision::transport::ssh::{HostKeyPolicy, SshOptions, SshTransport};
 use provision::transport::{Transport, TransportError};
+
+/// A node operation's deadline, as its writer gives it: a minute from now.
+pub(crate) fn minute() -> Deadline {
+    Deadline::after(Duration::from_secs(60))
+}
 use provision_lab::testkit::ContainerSpec;
 
 const T: Duration = Duration::from_secs(60);
@@ -306,7 +312,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
             file.path
         ),
     );
-    let read = config_edit::read(node.as_ref(), &file).unwrap();
+    let read = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     assert!(read.text.contains("[pve:pending]"), "{}", read.text);
     let rest_before = read.text[read.text.find("\n[").unwrap()..].to_string();
 
@@ -314,7 +320,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
         add_lxc: vec![("lxc.prlimit.nofile".into(), "4321".into())],
         ..Default::default()
     };
-    let back = config_edit::write(node.as_ref(), &file, &read, &edit).unwrap();
+    let back = config_edit::write(node.as_ref(), &file, &read, &edit, minute()).unwrap();
     assert_eq!(
         back.conf.main.lxc,
         vec![("lxc.prlimit.nofile".to_string(), "4321".to_string())]
@@ -331,7 +337,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
     g.ct.wait_ssh(Duration::from_secs(60)).unwrap();
     let limits = g.sh("grep 'Max open files' /proc/1/limits");
     assert!(limits.split_whitespace().any(|w| w == "4321"), "{limits}");
-    let applied = config_edit::read(node.as_ref(), &file).unwrap();
+    let applied = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     assert_eq!(
         applied.conf.get("nameserver"),
         Some("10.84.0.53"),
@@ -342,25 +348,38 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
     assert!(applied.text.contains("[before-gpu]"), "{}", applied.text);
 
     // Someone changed the config after our read: refused, nothing overwritten.
-    let stale = config_edit::read(node.as_ref(), &file).unwrap();
+    let stale = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     sh(node.as_ref(), &format!("pct set {vmid} --onboot 1"));
     let undo = ConfigEdit {
         remove_lxc: edit.add_lxc.clone(),
         ..Default::default()
     };
-    match config_edit::write(node.as_ref(), &file, &stale, &undo) {
+    match config_edit::write(node.as_ref(), &file, &stale, &undo, minute()) {
         Err(NodeError::Conflict { vmid: v }) => assert_eq!(v, u64::from(vmid)),
         other => panic!("expected a conflict, got {other:?}"),
     }
     assert!(
-        config_edit::read(node.as_ref(), &file)
+        config_edit::read(node.as_ref(), &file, minute())
             .unwrap()
             .text
             .contains("lxc.prlimit.nofile")
     );
+    // An edit whose operation's time is up starts no command (an exec given no time would
+    // wait without a bound) and writes nothing.
+    let spent = Deadline::after(Duration::ZERO);
+    match config_edit::write(node.as_ref(), &file, &stale, &undo, spent) {
+        Err(NodeError::OutOfTime { limit_s: 0, .. }) => {}
+        other => panic!("expected out of time, got {other:?}"),
+    }
+    match config_edit::read(node.as_ref(), &file, spent) {
+        Err(e @ NodeError::OutOfTime { .. }) => {
+            assert!(e.to_string().contains("operation's limit"), "{e}")
+        }
+        other => panic!("expected out of time, got {other:?}"),
+    }
 
     // The lock held elsewhere (as pct and the API take it): waits, then times out.
-    let fresh = config_edit::read(node.as_ref(), &file).unwrap();
+    let fresh = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     // `cat` holds the lock until its stdin closes, so the lock ends with this test's pipe.
     let mut holder = std::process::Command::new("flock")
         .arg(&file.lock)
@@ -382,7 +401,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let result = config_edit::write(node.as_ref(), &file, &fresh, &undo);
+    let result = config_edit::write(node.as_ref(), &file, &fresh, &undo, minute());
     drop(holder.stdin.take());
     holder.wait().unwrap();
     match result {
@@ -390,13 +409,14 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
         other => panic!("expected a lock timeout, got {other:?}"),
     }
     // Released: the same edit goes through.
-    let back = config_edit::write(node.as_ref(), &file, &fresh, &undo).unwrap();
+    let back = config_edit::write(node.as_ref(), &file, &fresh, &undo, minute()).unwrap();
     assert!(back.conf.main.lxc.is_empty());
 
     // Options pct takes go through `pct set` with the digest; on a running container a
     // feature stays pending until the next start, which the read-back accepts.
     let set = vec![("features".to_string(), "nesting=1,keyctl=1".to_string())];
-    let after = config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[]).unwrap();
+    let after =
+        config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[], minute()).unwrap();
     let pending = &after.conf.pending.props;
     assert_eq!(
         after
@@ -405,7 +425,7 @@ fn raw_lines_are_edited_under_the_lock_and_applied_by_lxc() {
             .or(pending.get("features").map(String::as_str)),
         Some("nesting=1,keyctl=1")
     );
-    match config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[]) {
+    match config_edit::pct_set(node.as_ref(), &file, back.digest(), &set, &[], minute()) {
         Err(NodeError::Conflict { .. }) => {}
         other => panic!("a stale digest must be refused, got {other:?}"),
     }
@@ -490,7 +510,9 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
 
     // Applied over node SSH as root, then started by real LXC.
     let file = config_file(&g);
-    let found = config_edit::read(node.as_ref(), &file).unwrap().pairs();
+    let found = config_edit::read(node.as_ref(), &file, minute())
+        .unwrap()
+        .pairs();
     let spec = |lines: &[(String, String)]| PveLinesSpec {
         vmid: g.ct.vmid.into(),
         label: "gpu-passthrough".into(),
@@ -507,13 +529,13 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
             Fact::PveContainer(Some(raw.fact(false))),
         )]))
     };
-    let before = config_edit::read(node.as_ref(), &file).unwrap();
+    let before = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     assert!(spec(&wanted).diff(&facts(&before)).unwrap().is_some());
     assert!(!gpus.edit(&wanted, &found).is_empty());
     let owns = |k: &str, v: &str| gpus.owns(k, v);
-    let after = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
+    let after = config_edit::converge(node.as_ref(), &file, &wanted, &owns, minute()).unwrap();
     // Converged: a second run reads and writes nothing.
-    let again = config_edit::converge(node.as_ref(), &file, &wanted, &owns).unwrap();
+    let again = config_edit::converge(node.as_ref(), &file, &wanted, &owns, minute()).unwrap();
     assert_eq!(again.digest(), after.digest());
     assert!(
         spec(&wanted).diff(&facts(&after)).unwrap().is_none(),
@@ -543,7 +565,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
         remove_lxc: vec![("lxc.cgroup2.devices.allow".into(), "c 195:* rwm".into())],
         ..Default::default()
     };
-    config_edit::apply(node.as_ref(), &file, &no_195).unwrap();
+    config_edit::apply(node.as_ref(), &file, &no_195, minute()).unwrap();
     restart(&g, node.as_ref());
     assert!(open_error(&g, "/dev/nvidia1").contains("Operation not permitted"));
 
@@ -556,7 +578,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
     ));
     let moved = node_gpu::read(node.as_ref(), &root).unwrap();
     assert_eq!(moved.facts.major("nvidia-uvm"), Some(511));
-    let now = config_edit::read(node.as_ref(), &file).unwrap();
+    let now = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let drift = moved.drift(&now.pairs());
     assert_eq!(drift.len(), 1, "{drift:?}");
     assert!(
@@ -573,7 +595,7 @@ fn gpu_passthrough_from_live_node_facts_is_applied_by_lxc() {
             "c 238:* rwm".to_string()
         )]
     );
-    let fixed = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
+    let fixed = config_edit::apply(node.as_ref(), &file, &edit, minute()).unwrap();
     assert!(spec(&wanted).diff(&facts(&fixed)).unwrap().is_none());
     assert!(moved.drift(&fixed.pairs()).is_empty());
     restart(&g, node.as_ref());
@@ -659,10 +681,12 @@ fn gpu_dev_entries_go_through_pct_set_and_reach_the_container() {
     assert_eq!(keys, ["dev0", "dev1", "dev2", "dev3"], "{wanted:?}");
     assert_eq!(wanted[0].1, format!("{root}/dev/nvidia1"));
     let file = config_file(&g);
-    let found = config_edit::read(node.as_ref(), &file).unwrap().pairs();
+    let found = config_edit::read(node.as_ref(), &file, minute())
+        .unwrap()
+        .pairs();
     let edit = gpus.edit(&wanted, &found);
     assert_eq!(edit.set, wanted);
-    let after = config_edit::apply(node.as_ref(), &file, &edit).unwrap();
+    let after = config_edit::apply(node.as_ref(), &file, &edit, minute()).unwrap();
     let pending = &after.conf.pending.props;
     for (k, v) in &wanted {
         assert_eq!(
@@ -688,7 +712,7 @@ fn gpu_dev_entries_go_through_pct_set_and_reach_the_container() {
         "0"
     );
     // Selecting no GPU any more removes the entries passthrough owns.
-    let now = config_edit::read(node.as_ref(), &file).unwrap();
+    let now = config_edit::read(node.as_ref(), &file, minute()).unwrap();
     let edit = gpus.edit(&[], &now.pairs());
     assert_eq!(edit.delete, ["dev0", "dev1", "dev2", "dev3"]);
 }

@@ -83,6 +83,15 @@ pub enum Limit {
     Quiet(Duration),
 }
 
+impl Limit {
+    /// The time it names, whatever it bounds.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Limit::Total(d) | Limit::Stall(d) | Limit::Quiet(d) => d,
+        }
+    }
+}
+
 /// `m` minutes.
 pub const fn minutes(m: u64) -> Duration {
     Duration::from_secs(m * 60)
