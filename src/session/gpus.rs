@@ -12,7 +12,8 @@ use crate::compile::{Library, desired_state};
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
-use crate::inventory::container::GpuSelector;
+use crate::inventory::container::{Container, GpuSelector, Gpus};
+use crate::inventory::node::Node;
 use crate::node::gpu::{self as node_gpu, NodeGpus};
 use crate::node::gpu_check;
 use crate::node::probe::NodeProbe;
@@ -22,6 +23,26 @@ use crate::resources::Resource;
 use crate::resources::ResourceSpec;
 use crate::resources::pve_lines::is_dev_key;
 use crate::timing;
+
+/// The containers of node `node_name` that declare GPUs and that `wanted` selects, as
+/// `--target` spells a container (its guest's name selects the guest's resources, not the
+/// container's passthrough lines): the one list by which the plan waits for a node's GPU
+/// facts, reads them, and primes the containers' views of their GPUs.
+pub(super) fn gpu_containers<'a>(
+    node_name: &'a str,
+    node: &'a Node,
+    wanted: &'a dyn Fn(&Target) -> bool,
+) -> impl Iterator<Item = (&'a str, &'a Container, &'a Gpus)> + 'a {
+    node.containers.iter().filter_map(move |(name, ct)| {
+        let gpus = ct.gpus.as_ref()?;
+        wanted(&Target::Container {
+            node: node_name.to_string(),
+            name: name.to_string(),
+            vmid: ct.vmid.value,
+        })
+        .then_some((name.as_str(), ct, gpus))
+    })
+}
 
 /// The desired state, computed once: the passthrough lines of every selected GPU container
 /// rendered from its node's live GPU facts (read over the session's node SSH, one round trip
@@ -36,24 +57,11 @@ pub(super) fn with_live_gpus<A: Api>(
     let loaded = session.loaded();
     let printer = session.printer;
     let root = std::env::var(node_gpu::ROOT_ENV).unwrap_or_default();
-    // The container's target as `--target` spells it (its guest's name selects the
-    // guest's resources, not the container's passthrough lines).
-    let selected = |node: &str, name: &str, vmid: u64| {
-        let (full, short) = Target::Container {
-            node: node.to_string(),
-            name: name.to_string(),
-            vmid,
-        }
-        .names();
-        options.targets.is_empty() || options.targets.iter().any(|w| *w == full || *w == short)
-    };
+    let wanted = |t: &Target| super::plan::selected(t, &options.targets);
     let mut read: HashMap<String, NodeGpus> = HashMap::new();
     for (node_name, node) in &loaded.inventory.nodes {
-        let with_gpus: Vec<_> = node
-            .containers
-            .iter()
-            .filter(|(name, ct)| selected(node_name.as_str(), name.as_str(), ct.vmid.value))
-            .filter_map(|(name, ct)| Some((name, ct.gpus.as_ref()?)))
+        let with_gpus: Vec<_> = gpu_containers(node_name.as_str(), node, &wanted)
+            .map(|(name, _, g)| (name, g))
             .collect();
         if with_gpus.is_empty() {
             continue;

@@ -375,15 +375,9 @@ impl<'a, A: Api> Session<'a, A> {
                         .as_deref()
                         .is_some_and(|l| l.get(&vmid).is_some_and(|(_, r)| *r))
                 };
-                let gpus: Vec<u64> = node
-                    .containers
-                    .iter()
-                    .filter(|(name, ct)| {
-                        ct.gpus.is_some()
-                            && wanted(&container(name.as_str(), ct))
-                            && runs(ct.vmid.value)
-                    })
-                    .map(|(_, ct)| ct.vmid.value)
+                let gpus: Vec<u64> = gpus::gpu_containers(node_name, node, wanted)
+                    .map(|(_, ct, _)| ct.vmid.value)
+                    .filter(|&vmid| runs(vmid))
                     .collect();
                 if node.ssh.host.is_some() && !gpus.is_empty() {
                     s.spawn(move || self.prime_gpu_views(node_name, &gpus, root, done));

@@ -91,14 +91,9 @@ impl<'a, A: Api> Session<'a, A> {
             .iter()
             .any(|(node_name, node)| {
                 node.ssh.host.is_some()
-                    && node.containers.iter().any(|(name, ct)| {
-                        ct.gpus.is_some()
-                            && wanted(&Target::Container {
-                                node: node_name.to_string(),
-                                name: name.to_string(),
-                                vmid: ct.vmid.value,
-                            })
-                    })
+                    && super::gpus::gpu_containers(node_name.as_str(), node, wanted)
+                        .next()
+                        .is_some()
             })
     }
 
@@ -197,7 +192,7 @@ pub fn select(
 }
 
 /// Whether `targets` (all when empty) select `target`.
-fn selected(target: &Target, targets: &[String]) -> bool {
+pub(super) fn selected(target: &Target, targets: &[String]) -> bool {
     let (full, short) = target.names();
     targets.is_empty() || targets.iter().any(|w| *w == full || *w == short)
 }
