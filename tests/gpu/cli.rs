@@ -2,6 +2,7 @@
 //! causes and hints. Stand-in programs print text captured on the H200 machine; the NCCL
 //! runs use the stand-in torch (see `tests/fixtures/gpu/README.md`) and need `python3`.
 
+use crate::cli_support::Provision;
 use std::path::Path;
 use std::process::Command as StdCommand;
 
@@ -74,11 +75,12 @@ fn fake_machine(dir: &Path) -> String {
 }
 
 fn provision(path: &str) -> Command {
-    let mut cmd = Command::cargo_bin("provision").unwrap();
-    cmd.env("PATH", path)
-        .env("NO_COLOR", "1")
-        .env_remove("LD_LIBRARY_PATH");
-    cmd
+    Command::from_std(
+        Provision::new::<&str>([])
+            .env("PATH", path)
+            .env_remove("LD_LIBRARY_PATH")
+            .command(),
+    )
 }
 
 #[test]
@@ -158,13 +160,14 @@ fn check_refuses_indices_with_a_reason() {
 }
 
 fn nccl(dir: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("provision").unwrap();
-    cmd.env("NO_COLOR", "1")
-        .env("PYTHONPATH", fx("fake_torch"))
-        .env("FAKE_TORCH_DIR", dir)
-        .env("FAKE_TORCH_GPUS", "2")
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    cmd
+    Command::from_std(
+        Provision::new::<&str>([])
+            .env("PYTHONPATH", fx("fake_torch"))
+            .env("FAKE_TORCH_DIR", dir)
+            .env("FAKE_TORCH_GPUS", "2")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .command(),
+    )
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! container printed (nvidia-smi, a torch matmul, the guest checks, the NCCL preflight)
 //! passes the same parsers and checks; and without the nvidia allow line the GPU was denied.
 
+use crate::cli_support::Provision;
 use crate::gpunode;
 
 use assert_cmd::Command;
@@ -364,14 +365,14 @@ fn the_cli_prints_the_same_lines_from_a_copy_of_the_node() {
     fake_node(&root, &format!("{X1}/host"));
     let path = fake_smi(tmp.path(), &format!("{X1}/host"));
     let run = |gpus: &str, method: &str| {
-        Command::cargo_bin("provision")
-            .unwrap()
-            .env("PATH", &path)
-            .env("NO_COLOR", "1")
-            .args(["gpu", "passthrough", "--gpus", gpus, "--method", method])
-            .arg("--root")
-            .arg(&root)
-            .assert()
+        Command::from_std(
+            Provision::new(["gpu", "passthrough", "--gpus", gpus, "--method", method])
+                .env("PATH", &path)
+                .arg("--root")
+                .arg(&root)
+                .command(),
+        )
+        .assert()
     };
     run(&var("UUID"), "lxc")
         .code(0)

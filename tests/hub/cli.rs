@@ -1,6 +1,7 @@
 //! `provision model pull|verify|status` as a user runs them: exit codes, messages, tokens
 //! never printed, and a download killed with SIGKILL halfway that resumes.
 
+use crate::cli_support::Provision;
 use crate::hub_support;
 
 use std::path::Path;
@@ -10,12 +11,8 @@ use std::time::{Duration, Instant};
 use fakehub::{Fault, FaultKind};
 use hub_support::{TOKEN, assert_identical, corrupt_keeping_mtime, hub, leftovers, model};
 
-const BIN: &str = env!("CARGO_BIN_EXE_provision");
-
 fn provision(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args).env_remove("HF_ENDPOINT").env("NO_COLOR", "1");
-    c
+    Provision::new(args).env_remove("HF_ENDPOINT").command()
 }
 
 fn run(cmd: &mut Command) -> (i32, String, String) {

@@ -14,8 +14,9 @@
 //! Needs root and the lab.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
+use crate::cli_support::Provision;
 use crate::lab_support::{cleanup, lab};
 use provision_lab::testkit::LabEnv;
 
@@ -92,15 +93,10 @@ fn provision(lab: &LabEnv, home: &Path, args: &[&str], inventory: &Path) -> (i32
         );
         std::fs::write(&known, line).unwrap();
     }
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-    cmd.args(args)
-        .arg("--known-hosts")
-        .arg(&known)
+    let mut cmd = Provision::new(args)
+        .known_hosts(&known, false)
         .arg(inventory)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", home)
-        .env("NO_COLOR", "1")
+        .clean_env(Some(home))
         .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
     for k in [
         "PVE_URL",
@@ -108,22 +104,15 @@ fn provision(lab: &LabEnv, home: &Path, args: &[&str], inventory: &Path) -> (i32
         "PVE_ROOT_PASSWORD",
         "LAB_PRIVSEP_TOKEN",
     ] {
-        cmd.env(
+        cmd = cmd.env(
             k,
             lab.vars
                 .get(k)
                 .expect("the lab exports it (scripts/lab up)"),
         );
     }
-    let o: Output = cmd.output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    let ran = cmd.run();
+    (ran.code, ran.text())
 }
 
 #[test]

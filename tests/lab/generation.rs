@@ -9,6 +9,7 @@
 //! 3. the seeds' box: `/root/ml-env` a real folder, adopted (never rebuilt or lost) and
 //!    rolled back to.
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use std::time::{Duration, Instant};
@@ -507,12 +508,11 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
             ));
         }
         let err_path = l.g.dir.path().join("kill.err");
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-            .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
-            .arg(l.g.dir.path().join("known_hosts"))
+        let mut child = Provision::new(["apply", "--yes", "--target", "guest.t"])
+            .known_hosts(&l.g.dir.path().join("known_hosts"), false)
             .arg(l.g.dir.path().join("inventory.yaml"))
-            .env("NO_COLOR", "1")
             .env_remove("SSH_AUTH_SOCK")
+            .command()
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&err_path).unwrap())
             .spawn()

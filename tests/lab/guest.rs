@@ -3,6 +3,7 @@
 //! hand found by `check` (exit 2) and fixed by `apply`, `check` changing nothing, a changed
 //! host key refused, hostile values inert. Needs the lab (`scripts/test` brings it up).
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use guestlab::{Deb, Guest, apt_repo, git_repo, host, wheel};
@@ -247,13 +248,10 @@ fn host_keys_unknown_then_accepted_then_changed_is_refused() {
     // Strict by default: an unknown key is refused with its fingerprint and the flag.
     let inventory = g.dir.path().join("inventory.yaml");
     let known_hosts = g.dir.path().join("strict_known_hosts");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["check", "--target", "guest.t", "--known-hosts"])
-        .arg(&known_hosts)
+    let out = Provision::new(["check", "--target", "guest.t"])
+        .known_hosts(&known_hosts, false)
         .arg(&inventory)
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
+        .output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

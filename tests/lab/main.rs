@@ -2,6 +2,8 @@
 //! containers through the API and the CLI, the node, models, services, rebuilds. One
 //! binary (one link of the crate) for the area; needs the lab up and root.
 
+#[path = "../support/cli.rs"]
+mod cli_support;
 #[path = "../support/guestlab.rs"]
 mod guestlab;
 #[path = "../support/hub.rs"]

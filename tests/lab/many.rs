@@ -6,8 +6,9 @@
 //! The cluster test needs the lab in cluster mode (`LAB_CLUSTER_NODES=lab2` at `lab up`,
 //! docs/lab.md); it fails saying so otherwise.
 
+use crate::cli_support::Provision;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::lab_support::lab;
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
@@ -104,18 +105,12 @@ nodes:
 }
 
 fn provision(lab: &LabEnv, dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-    cmd.args(args)
-        .arg("--known-hosts")
-        .arg(dir.join("known_hosts"))
-        .arg("--accept-new-host-keys")
+    Provision::new(args)
+        .known_hosts(&dir.join("known_hosts"), true)
         .arg(dir.join("inventory.yaml"))
-        .env("NO_COLOR", "1")
-        .env_remove("SSH_AUTH_SOCK");
-    for k in ["PVE_URL", "PVE_TOKEN", "PVE_FINGERPRINT"] {
-        cmd.env(k, &lab.vars[k]);
-    }
-    cmd.output().unwrap()
+        .env_remove("SSH_AUTH_SOCK")
+        .lab_api(&lab.vars)
+        .output()
 }
 
 /// Runs provision, asserting its exit code; stdout and stderr.

@@ -3,6 +3,7 @@
 //! bridge. Fresh download, no-op re-run (zero bytes), a changed byte found by
 //! `--verify-full` and repaired, a gated repo without a token, a wrong revision.
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 use crate::hub_support;
 
@@ -262,20 +263,12 @@ fn gated_repo_and_wrong_revision_are_clear_errors() {
 
     // With the token (read on the workstation, sent on stdin, never printed) it works.
     inventory(&g, &hub, "org/gated", "main", true);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes", "--target", "guest.t", "--known-hosts"])
-        .arg(g.dir.path().join("known_hosts"))
-        .arg("--accept-new-host-keys")
+    let text = Provision::new(["apply", "--yes", "--target", "guest.t"])
+        .known_hosts(&g.dir.path().join("known_hosts"), true)
         .arg(g.dir.path().join("inventory.yaml"))
         .env("PROVISION_TEST_HF_TOKEN", hub_support::TOKEN)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "{text}");
+        .run()
+        .expect(0);
     assert!(!text.contains(hub_support::TOKEN), "the token was printed");
     assert!(text.contains("from env PROVISION_TEST_HF_TOKEN"), "{text}");
 }

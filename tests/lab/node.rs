@@ -5,6 +5,7 @@
 //! config lock, and GPU passthrough from the node's live (stand-in) GPU facts applied by
 //! real LXC. Needs the lab (`scripts/lab up`, as root).
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use std::collections::HashMap;
@@ -639,16 +640,12 @@ pub(crate) fn provision_with_node_ssh(
     assert!(text.contains("identity_file: /"), "{text}");
     std::fs::write(&path, text).unwrap();
     node_ssh_known_hosts(g);
-    std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(args)
-        .arg("--known-hosts")
-        .arg(g.dir.path().join("node_known_hosts"))
+    Provision::new(args)
+        .known_hosts(&g.dir.path().join("node_known_hosts"), false)
         .arg(&path)
-        .env("NO_COLOR", "1")
         .env(node_gpu::ROOT_ENV, &g.lab.vars["LAB_GPU_ROOT"])
         .env_remove("SSH_AUTH_SOCK")
         .output()
-        .unwrap()
 }
 
 #[test]

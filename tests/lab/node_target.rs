@@ -5,6 +5,7 @@
 //! captured on a real H200 node (the unit written under the node's root, never this
 //! machine's `/etc`). Needs root and the lab (`eval "$(scripts/lab up)"`).
 
+use crate::cli_support::Provision;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -75,22 +76,16 @@ fn known_hosts(lab: &LabEnv, s: &Scratch) -> PathBuf {
 /// `provision ARGS INVENTORY --target node.lab` with the lab's exports; `root` is the
 /// node's root (`PROVISION_NODE_ROOT`).
 fn provision(lab: &LabEnv, s: &Scratch, args: &[&str], root: Option<&Path>) -> Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_provision"));
-    cmd.args(args)
+    let mut cmd = Provision::new(args)
         .arg(s.dir.path().join("inventory.yaml"))
-        .args(["--target", "node.lab", "--known-hosts"])
-        .arg(known_hosts(lab, s))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", std::env::var("HOME").unwrap_or("/root".into()))
-        .env("NO_COLOR", "1");
-    for k in ["PVE_URL", "PVE_TOKEN", "PVE_FINGERPRINT"] {
-        cmd.env(k, &lab.vars[k]);
-    }
+        .args(["--target", "node.lab"])
+        .known_hosts(&known_hosts(lab, s), false)
+        .clean_env(None)
+        .lab_api(&lab.vars);
     if let Some(r) = root {
-        cmd.env("PROVISION_NODE_ROOT", r);
+        cmd = cmd.env("PROVISION_NODE_ROOT", r);
     }
-    cmd.output().unwrap()
+    cmd.output()
 }
 
 fn expect(o: &Output, code: i32) -> String {

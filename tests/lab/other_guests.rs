@@ -6,6 +6,7 @@
 //! pushed is the one provision carries, which needs nothing from either C library. The
 //! templates come from `scripts/lab-deps` (`debootstrap`, cached once). Needs the lab.
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use std::path::{Path, PathBuf};
@@ -223,26 +224,20 @@ nodes:
 
     fn run(&self, args: &[&str]) -> Output {
         let lab = &self.lab;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-        cmd.args(args)
-            .arg("--known-hosts")
-            .arg(self.dir.path().join("known_hosts"))
-            .arg("--accept-new-host-keys")
+        let mut cmd = Provision::new(args)
+            .known_hosts(&self.dir.path().join("known_hosts"), true)
             .arg(self.dir.path().join("inventory.yaml"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", self.dir.path())
-            .env("NO_COLOR", "1")
+            .clean_env(Some(self.dir.path()))
             .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
         for k in ["PVE_URL", "PVE_FINGERPRINT", "PVE_ROOT_PASSWORD"] {
-            cmd.env(k, &lab.vars[k]);
+            cmd = cmd.env(k, &lab.vars[k]);
         }
         // Another agent to push, as a user may name one (and as the CLI's own binary shows
         // this test failing on Debian 11: libssl.so.3 is missing there).
         if let Some(agent) = std::env::var_os("PROVISION_AGENT_BINARY") {
-            cmd.env("PROVISION_AGENT_BINARY", agent);
+            cmd = cmd.env("PROVISION_AGENT_BINARY", agent);
         }
-        cmd.output().unwrap()
+        cmd.output()
     }
 
     fn expect(&self, args: &[&str], code: i32) -> String {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
+use crate::cli_support::Provision;
 use crate::lab_support::{cleanup, lab};
 use assert_cmd::Command;
 use provision_lab::server::faults::{FaultKind, FaultRule};
@@ -123,23 +124,22 @@ impl Inv {
 
 /// Runs `provision ARGS INVENTORY --target container.NAME` with the lab's exports.
 fn provision(lab: &LabEnv, args: &[&str], inv: &Path, name: &str) -> Output {
-    let mut cmd = Command::cargo_bin("provision").unwrap();
-    cmd.args(args)
+    let mut p = Provision::new(args)
         .arg(inv)
         .args(["--target", &format!("container.{name}")])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", std::env::var("HOME").unwrap_or("/root".into()))
-        .timeout(Duration::from_secs(600));
+        .clean_env(None);
     for k in [
         "PVE_URL",
         "PVE_TOKEN",
         "PVE_FINGERPRINT",
         "PVE_ROOT_PASSWORD",
     ] {
-        cmd.env(k, &lab.vars[k]);
+        p = p.env(k, &lab.vars[k]);
     }
-    cmd.output().unwrap()
+    Command::from_std(p.command())
+        .timeout(Duration::from_secs(600))
+        .output()
+        .unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -406,20 +406,17 @@ fn refused_credentials_are_an_error_naming_node_and_call_never_absent() {
     let dir = tempfile::tempdir().unwrap();
     let inv = Inv::new(&lab, 9331, "pa-auth");
     let path = inv.write(&lab, dir.path());
-    let mut cmd = Command::cargo_bin("provision").unwrap();
     let bad = format!(
         "{}=00000000-0000-0000-0000-000000000000",
         lab.vars["PVE_TOKEN"].split('=').next().unwrap()
     );
-    let out = cmd
-        .args(["check"])
+    let out = Provision::new(["check"])
         .arg(&path)
         .args(["--target", "container.pa-auth"])
         .env("PVE_URL", &lab.vars["PVE_URL"])
         .env("PVE_FINGERPRINT", &lab.vars["PVE_FINGERPRINT"])
         .env("PVE_TOKEN", &bad)
-        .output()
-        .unwrap();
+        .output();
     let t = expect(&out, 1);
     assert!(
         t.contains("node `lab`") && t.contains("GET /version"),
@@ -427,16 +424,13 @@ fn refused_credentials_are_an_error_naming_node_and_call_never_absent() {
     );
     assert!(!t.contains("00000000-0000"), "the token leaked:\n{t}");
     // A wrong pin is refused before anything is sent.
-    let out = Command::cargo_bin("provision")
-        .unwrap()
-        .args(["check"])
+    let out = Provision::new(["check"])
         .arg(&path)
         .args(["--target", "container.pa-auth"])
         .env("PVE_URL", &lab.vars["PVE_URL"])
         .env("PVE_FINGERPRINT", "AA:".repeat(31) + "AA")
         .env("PVE_TOKEN", &lab.vars["PVE_TOKEN"])
-        .output()
-        .unwrap();
+        .output();
     let t = expect(&out, 1);
     assert!(t.contains("fingerprint"), "{t}");
 }

@@ -9,6 +9,7 @@
 //! existing container is adopted and its GPU lines take effect at an allowed reboot.
 //! Needs root and the lab (`eval "$(scripts/lab up)"`, or the testkit brings one up).
 
+use crate::cli_support::Provision;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -192,15 +193,10 @@ nodes:
     /// test's known_hosts.
     fn run_on(&self, args: &[&str], file: &Path) -> Output {
         let lab = &self.lab;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-        cmd.args(args)
-            .arg("--known-hosts")
-            .arg(self.dir.path().join("known_hosts"))
+        let mut cmd = Provision::new(args)
+            .known_hosts(&self.dir.path().join("known_hosts"), false)
             .arg(file)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", self.dir.path())
-            .env("NO_COLOR", "1")
+            .clean_env(Some(self.dir.path()))
             .env("PROVISION_NODE_ROOT", &lab.vars["LAB_GPU_ROOT"])
             .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
         for k in [
@@ -209,9 +205,9 @@ nodes:
             "PVE_ROOT_PASSWORD",
             "PVE_TOKEN",
         ] {
-            cmd.env(k, &lab.vars[k]);
+            cmd = cmd.env(k, &lab.vars[k]);
         }
-        cmd.output().unwrap()
+        cmd.output()
     }
 
     pub(crate) fn expect(&self, args: &[&str], code: i32) -> String {

@@ -13,6 +13,7 @@
 //! and takes it down at the end: the shared lab the other tests use is never disturbed.
 //! Needs root and the lab's packages (`scripts/test-deps`).
 
+use crate::cli_support::Provision;
 use crate::hub_support;
 
 use std::net::{IpAddr, SocketAddr};
@@ -192,20 +193,15 @@ nodes:
 
     fn run(&self, args: &[&str]) -> Output {
         let lab = &self.lab;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-        cmd.args(args)
-            .arg("--known-hosts")
-            .arg(self.dir.path().join("known_hosts"))
+        let mut cmd = Provision::new(args)
+            .known_hosts(&self.dir.path().join("known_hosts"), false)
             .arg(self.dir.path().join("inventory.yaml"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", self.dir.path())
-            .env("NO_COLOR", "1")
+            .clean_env(Some(self.dir.path()))
             .env("PROVISION_NODE_LOCK_DIR", &lab.vars["LAB_LOCK_DIR"]);
         for k in ["PVE_URL", "PVE_FINGERPRINT", "PVE_ROOT_PASSWORD"] {
-            cmd.env(k, &lab.vars[k]);
+            cmd = cmd.env(k, &lab.vars[k]);
         }
-        cmd.output().unwrap()
+        cmd.output()
     }
 
     fn expect(&self, args: &[&str], code: i32) -> String {

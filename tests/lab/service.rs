@@ -12,6 +12,7 @@
 //! fallback reported as degraded, and (issue 26) a refused preflight that stops the apply
 //! before the model's weights are downloaded from a fake hub.
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use std::path::Path;
@@ -210,12 +211,10 @@ impl Lab {
     /// seeds did with scp: no daemon-reload, no restart.
     fn write_unit_by_hand(&self) {
         let rendered = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-            .args(["render", "--out"])
+        let out = Provision::new(["render", "--out"])
             .arg(rendered.path())
             .arg(self.g.dir.path().join("inventory.yaml"))
-            .output()
-            .unwrap();
+            .output();
         assert!(
             out.status.success(),
             "{}",

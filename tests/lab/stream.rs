@@ -6,11 +6,12 @@
 //! re-attaches and reports success, and the hub served every byte exactly once. A provision
 //! killed outright leaves its run going; the next apply waits for it, then plans the rest.
 
+use crate::cli_support::Provision;
 use crate::guestlab;
 
 use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use fakehub::{Config, FakeHub, Fault, FaultKind, RepoSpec};
@@ -74,15 +75,13 @@ fn models(g: &Guest, hub: &FakeHub, names: &[&str]) {
 
 /// `provision apply --yes [--json]` in the background, stderr into a file.
 fn spawn_apply(g: &Guest, stderr: &std::path::Path, json: bool) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(["apply", "--yes"])
+    Provision::new(["apply", "--yes"])
         .args(json.then_some("--json"))
-        .args(["--target", "guest.t", "--known-hosts"])
-        .arg(g.dir.path().join("known_hosts"))
-        .arg("--accept-new-host-keys")
+        .args(["--target", "guest.t"])
+        .known_hosts(&g.dir.path().join("known_hosts"), true)
         .arg(g.dir.path().join("inventory.yaml"))
-        .env("NO_COLOR", "1")
         .env_remove("SSH_AUTH_SOCK")
+        .command()
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(stderr).unwrap())
         .spawn()

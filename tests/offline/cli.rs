@@ -5,28 +5,21 @@ use std::path::Path;
 
 use assert_cmd::Command;
 
+use crate::cli_support::{Provision, Ran};
+
+/// provision in the repository's root, without the tokens of the machine running the tests.
 fn provision() -> Command {
-    let mut cmd = Command::cargo_bin("provision").unwrap();
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .env_remove("PVE_TOKEN")
-        .env_remove("HF_TOKEN");
-    cmd
+    Command::from_std(
+        Provision::new::<&str>([])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("PVE_TOKEN")
+            .env_remove("HF_TOKEN")
+            .command(),
+    )
 }
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn run(args: &[&str]) -> Run {
-    let out = provision().args(args).output().unwrap();
-    Run {
-        code: out.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+fn run(args: &[&str]) -> Ran {
+    Ran::from(provision().args(args).output().unwrap())
 }
 
 #[test]

@@ -4,6 +4,8 @@
 
 mod agent_elf;
 mod cli;
+#[path = "../support/cli.rs"]
+mod cli_support;
 mod engine;
 mod imports;
 mod node_plan;

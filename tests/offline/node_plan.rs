@@ -3,15 +3,13 @@
 //! captured command outputs in `resources::model_storage`), and node settings that cannot
 //! work are refused at their `file:line:col`.
 
+use crate::cli_support::Provision;
 use std::process::Output;
 
 fn provision(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_provision"))
-        .args(args)
+    Provision::new(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
         .output()
-        .unwrap()
 }
 
 fn text(o: &Output) -> String {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use crate::cli_support::Provision;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -219,31 +220,23 @@ impl Guest {
     pub fn command(&self, args: &[&str]) -> Command {
         let inventory = self.dir.path().join("inventory.yaml");
         let known_hosts = self.dir.path().join("known_hosts");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provision"));
-        cmd.args(args)
-            .arg("--target")
-            .arg("guest.t")
-            .arg("--known-hosts")
-            .arg(&known_hosts)
-            .arg("--accept-new-host-keys")
+        Provision::new(args)
+            .args(["--target", "guest.t"])
+            .known_hosts(&known_hosts, true)
             .arg(&inventory)
-            .env("NO_COLOR", "1")
-            .env_remove("SSH_AUTH_SOCK");
-        cmd
+            .env_remove("SSH_AUTH_SOCK")
+            .command()
     }
 
     /// Applies a plan saved by `plan --out` (whole: a saved plan takes no `--target`) with
     /// this test's own known_hosts and `extra` flags; exit code, stdout and stderr.
     pub fn apply_saved(&self, plan: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_provision"))
-            .args(["apply", "--yes", "--known-hosts"])
-            .arg(self.dir.path().join("known_hosts"))
+        let out = Provision::new(["apply", "--yes"])
+            .known_hosts(&self.dir.path().join("known_hosts"), false)
             .args(extra)
             .arg(plan)
-            .env("NO_COLOR", "1")
             .env_remove("SSH_AUTH_SOCK")
-            .output()
-            .unwrap();
+            .output();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
