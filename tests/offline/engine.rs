@@ -502,3 +502,109 @@ fn a_removed_roles_recorded_lines_are_planned_out_and_nothing_else() {
         provision::plan::render_human(&plan, false)
     );
 }
+
+/// A guest whose record holds a server this inventory no longer declares
+/// (`sglang-old.service`, running and enabled, as the seeds' earlier model was) and whose
+/// files are all absent; every other probe is llm-two's files'.
+struct OldServer;
+
+const OLD_UNIT: &str = "sglang-old.service";
+
+impl TargetReader for OldServer {
+    fn describe(&self) -> String {
+        "a guest in memory serving an old model".into()
+    }
+
+    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
+        use provision::resources::managed::{Entry, ManagedProbe, RECORD_VERSION, Record};
+        use provision::resources::service::{UnitFact, UnitProbe};
+        let answers = probes.iter().map(|p| {
+            let fact = match p {
+                Probe::Path(_) => Fact::Path(None),
+                Probe::Managed(ManagedProbe {}) => Fact::Managed(Some(Record {
+                    version: RECORD_VERSION,
+                    entries: vec![Entry::Service {
+                        unit: OLD_UNIT.into(),
+                    }],
+                })),
+                Probe::Unit(UnitProbe { name }) if name == OLD_UNIT => Fact::Unit(Some(UnitFact {
+                    properties: [
+                        ("ActiveState", "active"),
+                        ("SubState", "running"),
+                        ("UnitFileState", "enabled"),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                    process: None,
+                })),
+                other => panic!("this guest has no probe {other:?}"),
+            };
+            (p.clone(), fact)
+        });
+        Ok(Facts::Read(answers.collect()))
+    }
+}
+
+/// The seeds' switch: the old server holds the port (and the GPUs) the new one needs, so
+/// what is no longer declared is planned ahead of everything declared, and apply stops it
+/// before the new server's unit is written (and so before it can start).
+#[test]
+fn a_server_no_longer_declared_is_stopped_before_the_new_ones_unit_is_written() {
+    let d = files_only();
+    let new_unit = d
+        .resources
+        .iter()
+        .find_map(|r| match &r.spec {
+            ResourceSpec::File(f) if f.path.ends_with(".service") => Some(f.path.clone()),
+            _ => None,
+        })
+        .expect("llm-two's guest writes a unit file");
+    let read = reconcile::plan(
+        "inventory/llm-two.yaml",
+        std::slice::from_ref(&d),
+        false,
+        &provision::engine::removal::Undeclared::default(),
+        &Limits::serial(),
+        &|_| Ok(Box::new(OldServer)),
+    );
+    let plan = read.whole().expect("the guest answers");
+    let t = &plan.targets[0];
+    assert!(
+        matches!(&t.changes[0].spec, ResourceSpec::Removed(_))
+            && t.changes[0].action == Action::Delete,
+        "the removal comes first: {:?}",
+        t.changes.iter().map(|c| &c.address).collect::<Vec<_>>()
+    );
+    assert!(
+        t.changes[0].reasons.iter().any(|r| r.contains("port")),
+        "{:?}",
+        t.changes[0].reasons
+    );
+    let mut unsupported = Vec::new();
+    let ops = ops_of(t, &ApplyOptions::default(), &mut unsupported);
+    assert!(unsupported.is_empty(), "{unsupported:?}");
+    let at = |want: &dyn Fn(&Step) -> bool| {
+        ops.iter()
+            .position(|o| matches!(o, Op::Guest(s) if want(s)))
+            .unwrap_or_else(|| panic!("{:?}", ops.iter().map(word).collect::<Vec<_>>()))
+    };
+    let stop = at(
+        &|s| matches!(s, Step::Remove(r) if r.entry == provision::resources::managed::Entry::Service { unit: OLD_UNIT.into() }),
+    );
+    let write = at(
+        &|s| matches!(s, Step::WriteFile(provision::resources::file::WriteFileStep { path, .. }) if *path == new_unit),
+    );
+    assert!(
+        stop < write,
+        "{OLD_UNIT} stopped at {stop}, {new_unit} written at {write}"
+    );
+    // Nothing declared runs before it: only the record that names what this apply may touch.
+    assert!(
+        ops[..stop]
+            .iter()
+            .all(|o| matches!(o, Op::Guest(Step::Record(_)))),
+        "{:?}",
+        ops[..stop].iter().map(word).collect::<Vec<_>>()
+    );
+}
