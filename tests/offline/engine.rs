@@ -15,6 +15,8 @@ use provision::engine::{DesiredTarget, diff_target, offline_plan};
 use provision::plan::{Action, Plan, Target, TargetPlan};
 use provision::resources::ResourceSpec;
 use provision::resources::file::{PathFact, PathKind};
+use provision::resources::managed::{Entry, ManagedProbe, RECORD_VERSION, Record};
+use provision::resources::service::{UnitFact, UnitProbe};
 use provision::resources::wire::{Fact, Facts, Probe, Step};
 
 fn llm_two() -> Vec<DesiredTarget> {
@@ -176,10 +178,13 @@ fn a_services_preflight_runs_before_its_unit_is_written() {
 
 /// A guest's world for the engine: every probe of llm-two's guest files answered "absent"
 /// (the managed record too), but for `present`, found holding one byte. `ran` counts the
-/// operations handed to `run` (nothing runs on a stale plan).
+/// operations handed to `run` (nothing runs on a stale plan). When `serving_old`, its
+/// record holds a server this inventory no longer declares ([`OLD_UNIT`], running and
+/// enabled, as the seeds' earlier model was).
 struct World {
     present: Option<Probe>,
     ran: Arc<AtomicUsize>,
+    serving_old: bool,
 }
 
 impl TargetReader for World {
@@ -202,8 +207,26 @@ impl TargetReader for World {
                     content: Some("a".into()),
                 })),
                 Probe::Path(provision::resources::file::PathProbe { .. }) => Fact::Path(None),
-                Probe::Managed(provision::resources::managed::ManagedProbe {}) => {
-                    Fact::Managed(None)
+                Probe::Managed(ManagedProbe {}) => {
+                    Fact::Managed(self.serving_old.then(|| Record {
+                        version: RECORD_VERSION,
+                        entries: vec![Entry::Service {
+                            unit: OLD_UNIT.into(),
+                        }],
+                    }))
+                }
+                Probe::Unit(UnitProbe { name }) if self.serving_old && name == OLD_UNIT => {
+                    Fact::Unit(Some(UnitFact {
+                        properties: [
+                            ("ActiveState", "active"),
+                            ("SubState", "running"),
+                            ("UnitFileState", "enabled"),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                        process: None,
+                    }))
                 }
                 other => panic!("a file-only guest has no probe {other:?}"),
             };
@@ -232,6 +255,27 @@ fn files_only() -> DesiredTarget {
     d
 }
 
+/// `d` planned against a [`World`] where nothing is present (but the old server, when
+/// `serving_old`).
+fn plan_in_world(d: &DesiredTarget, serving_old: bool) -> Plan {
+    reconcile::plan(
+        "inventory/llm-two.yaml",
+        std::slice::from_ref(d),
+        false,
+        &provision::engine::removal::Undeclared::default(),
+        &Limits::serial(),
+        &|_| {
+            Ok(Box::new(World {
+                present: None,
+                ran: Arc::default(),
+                serving_old,
+            }))
+        },
+    )
+    .whole()
+    .expect("the world answers every probe")
+}
+
 /// Applies `plan` as a saved plan against a world where `present` now holds something;
 /// the error and how many operations ran.
 fn apply_saved(plan: &Plan, present: Option<Probe>) -> (String, usize) {
@@ -247,6 +291,7 @@ fn apply_saved(plan: &Plan, present: Option<Probe>) -> (String, usize) {
             Ok(Box::new(World {
                 present: present.clone(),
                 ran: ran.clone(),
+                serving_old: false,
             }))
         },
         &|_, _| {},
@@ -260,20 +305,7 @@ fn apply_saved(plan: &Plan, present: Option<Probe>) -> (String, usize) {
 #[test]
 fn a_saved_plan_whose_read_stamp_no_longer_matches_is_refused_before_anything_runs() {
     let d = files_only();
-    let read = reconcile::plan(
-        "inventory/llm-two.yaml",
-        std::slice::from_ref(&d),
-        false,
-        &provision::engine::removal::Undeclared::default(),
-        &Limits::serial(),
-        &|_| {
-            Ok(Box::new(World {
-                present: None,
-                ran: Arc::default(),
-            }))
-        },
-    );
-    let plan = read.whole().expect("the world answers every probe");
+    let plan = plan_in_world(&d, false);
     let stamp = plan.targets[0].read.clone().expect("a read stamp");
     assert!(plan.summary.has_changes(), "every file is to create");
     // Saved and read back, as `plan --out` and `apply FILE` do.
@@ -503,48 +535,7 @@ fn a_removed_roles_recorded_lines_are_planned_out_and_nothing_else() {
     );
 }
 
-/// A guest whose record holds a server this inventory no longer declares
-/// (`sglang-old.service`, running and enabled, as the seeds' earlier model was) and whose
-/// files are all absent; every other probe is llm-two's files'.
-struct OldServer;
-
 const OLD_UNIT: &str = "sglang-old.service";
-
-impl TargetReader for OldServer {
-    fn describe(&self) -> String {
-        "a guest in memory serving an old model".into()
-    }
-
-    fn read(&self, probes: &[Probe]) -> Result<Facts, AccessError> {
-        use provision::resources::managed::{Entry, ManagedProbe, RECORD_VERSION, Record};
-        use provision::resources::service::{UnitFact, UnitProbe};
-        let answers = probes.iter().map(|p| {
-            let fact = match p {
-                Probe::Path(_) => Fact::Path(None),
-                Probe::Managed(ManagedProbe {}) => Fact::Managed(Some(Record {
-                    version: RECORD_VERSION,
-                    entries: vec![Entry::Service {
-                        unit: OLD_UNIT.into(),
-                    }],
-                })),
-                Probe::Unit(UnitProbe { name }) if name == OLD_UNIT => Fact::Unit(Some(UnitFact {
-                    properties: [
-                        ("ActiveState", "active"),
-                        ("SubState", "running"),
-                        ("UnitFileState", "enabled"),
-                    ]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                    process: None,
-                })),
-                other => panic!("this guest has no probe {other:?}"),
-            };
-            (p.clone(), fact)
-        });
-        Ok(Facts::Read(answers.collect()))
-    }
-}
 
 /// The seeds' switch: the old server holds the port (and the GPUs) the new one needs, so
 /// what is no longer declared is planned ahead of everything declared, and apply stops it
@@ -560,15 +551,7 @@ fn a_server_no_longer_declared_is_stopped_before_the_new_ones_unit_is_written() 
             _ => None,
         })
         .expect("llm-two's guest writes a unit file");
-    let read = reconcile::plan(
-        "inventory/llm-two.yaml",
-        std::slice::from_ref(&d),
-        false,
-        &provision::engine::removal::Undeclared::default(),
-        &Limits::serial(),
-        &|_| Ok(Box::new(OldServer)),
-    );
-    let plan = read.whole().expect("the guest answers");
+    let plan = plan_in_world(&d, true);
     let t = &plan.targets[0];
     assert!(
         matches!(&t.changes[0].spec, ResourceSpec::Removed(_))
@@ -590,7 +573,7 @@ fn a_server_no_longer_declared_is_stopped_before_the_new_ones_unit_is_written() 
             .unwrap_or_else(|| panic!("{:?}", ops.iter().map(word).collect::<Vec<_>>()))
     };
     let stop = at(
-        &|s| matches!(s, Step::Remove(r) if r.entry == provision::resources::managed::Entry::Service { unit: OLD_UNIT.into() }),
+        &|s| matches!(s, Step::Remove(r) if r.entry == Entry::Service { unit: OLD_UNIT.into() }),
     );
     let write = at(
         &|s| matches!(s, Step::WriteFile(provision::resources::file::WriteFileStep { path, .. }) if *path == new_unit),
