@@ -9,7 +9,7 @@
 //! existing container is adopted and its GPU lines take effect at an allowed reboot.
 //! Needs root and the lab (`eval "$(scripts/lab up)"`, or the testkit brings one up).
 
-use crate::cli_support::Provision;
+use crate::cli_support::{Provision, Ran};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -214,16 +214,16 @@ nodes:
         self.expect_on(args, &self.dir.path().join("inventory.yaml"), code)
     }
 
+    /// `provision ARGS INVENTORY` must exit with `code`; what it printed, apart.
+    pub(crate) fn ran(&self, args: &[&str], code: i32) -> Ran {
+        let ran = Ran::from(self.run_on(args, &self.dir.path().join("inventory.yaml")));
+        ran.expect(code);
+        ran
+    }
+
     /// `provision ARGS FILE` must exit with `code`; its stdout and stderr.
     fn expect_on(&self, args: &[&str], file: &Path, code: i32) -> String {
-        let o = self.run_on(args, file);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert_eq!(o.status.code(), Some(code), "provision {args:?}:\n{text}");
-        text
+        Ran::from(self.run_on(args, file)).expect(code)
     }
 
     /// A command in the guest over SSH as root, checked against this test's known_hosts
@@ -374,7 +374,18 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
     let text = std::fs::read_to_string(&conf).unwrap();
     assert!(text.contains("c 238:* rwm"), "{text}");
     std::fs::write(&conf, text.replace("c 238:* rwm", "c 509:* rwm")).unwrap();
-    let drift = cli.expect(&["check"], 2);
+    let ran = cli.ran(&["check"], 2);
+    let drift = ran.text();
+    // The report as a user reads it: what drifted, where, and what apply would do (stdout;
+    // the progress lines on stderr come in the order the reads run).
+    insta::with_settings!({filters => vec![
+        (r"https://127\.0\.0\.1:\d+", "https://[lab api]"),
+        (r"127\.0\.0\.1:\d+", "[lab node ssh]"),
+        (r"\d+\.\d+ ?m?s\b", "[time]"),
+        (r"/tmp/\.tmp\w+", "[test dir]"),
+    ]}, {
+        insta::assert_snapshot!("check_drift_api_pct_and_file", ran.stdout);
+    });
     assert!(changed(&drift, "cores", "1 -> 2"), "{drift}");
     assert!(changed(&drift, "memory", "1024 -> 768"), "{drift}");
     assert!(
