@@ -222,15 +222,8 @@ impl TargetWriter for ApiTarget<NodeApi> {
                     millis: took.as_millis() as u64,
                 });
             };
-            let deadline = match op {
-                Op::Api(api) => Deadline::after(api.limit()),
-                _ => {
-                    return Err(AccessError::Unsupported {
-                        target: self.describe(),
-                        what: op.describe(),
-                    });
-                }
-            };
+            // An operation this writer does not carry is refused below, before it starts.
+            let deadline = Deadline::after(op.limit().duration());
             let (address, done) = match op {
                 Op::Api(ApiOp::Container {
                     address,
