@@ -87,6 +87,13 @@ pub enum FaultKind {
         /// Body bytes sent before the stall.
         after: u64,
     },
+    /// Nothing from file offset `offset` on is ever sent: a response covering it stalls
+    /// there, one starting past it stalls at once, the connection held open (a server
+    /// that hangs on a file, so that a retry makes no progress either).
+    StallFrom {
+        /// The file offset.
+        offset: u64,
+    },
     /// The byte at file offset `offset` is flipped when a response covers it.
     Corrupt {
         /// The file offset.

@@ -526,6 +526,7 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
     } else {
         state.take_faults(&file.path, |k| match k {
             FaultKind::Corrupt { offset } => (start..end).contains(offset),
+            FaultKind::StallFrom { offset } => *offset < end,
             FaultKind::IgnoreRange => range.is_some(),
             _ => true,
         })
@@ -559,6 +560,7 @@ fn content_response(state: &State, req: &Request<Incoming>, repo: &Repo, index: 
         match f {
             FaultKind::Reset { after } => body.reset_at = Some(start + after),
             FaultKind::Stall { after } => body.stall_at = Some(start + after),
+            FaultKind::StallFrom { offset } => body.stall_at = Some(start.max(*offset)),
             FaultKind::Corrupt { offset } => body.corrupt_at = Some(*offset),
             FaultKind::Slow { bytes_per_sec } => body.rate = Some((*bytes_per_sec).max(1)),
             FaultKind::Status { .. } | FaultKind::IgnoreRange => {}
