@@ -6,6 +6,7 @@ pub mod error;
 pub mod fit;
 pub mod node_desired;
 pub mod ops;
+pub mod reboot;
 pub mod reconcile;
 pub mod removal;
 pub mod schedule;

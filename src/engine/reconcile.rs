@@ -507,7 +507,15 @@ fn refuse_stale(
             {
                 return Ok(None);
             }
-            let facts = connect(t).map_err(EngineError::Open)?.read(&stamp.probes)?;
+            // Read before anything runs: a guest whose container the plan reboots is
+            // still on the plan's connection.
+            let before = t.after_reboot.map(|_| TargetPlan {
+                after_reboot: None,
+                ..t.clone()
+            });
+            let facts = connect(before.as_ref().unwrap_or(t))
+                .map_err(EngineError::Open)?
+                .read(&stamp.probes)?;
             if facts.digest(&stamp.probes)? != stamp.digest {
                 return Ok(Some(format!(
                     "{} changed since the plan was made",

@@ -20,7 +20,7 @@ use crate::resources::wire::Probe;
 /// readiness has no `port` (its `url`'s is the gate's).
 /// Apply acts on a change's `typed` (`container`, `conflict`, `apt_key`, `nvidia_host`)
 /// where it read attribute names before; a format-3 plan lacks them.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 
 /// Everything that would change, grouped by target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +78,10 @@ pub struct TargetPlan {
     /// shown with the plan, so apply runs nothing the plan does not show.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replanned: Option<String>,
+    /// A guest whose container this plan reboots (its vmid): apply reaches it again once
+    /// it has booted, and its services with a health gate are waited for after the boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_reboot: Option<u64>,
 }
 
 impl TargetPlan {
@@ -92,6 +96,7 @@ impl TargetPlan {
             not_read: None,
             manages: None,
             replanned: None,
+            after_reboot: None,
         }
     }
 }

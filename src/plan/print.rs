@@ -25,6 +25,12 @@ pub fn render_human(plan: &Plan, color: bool) -> String {
         if let Some(why) = &target.replanned {
             out += &format!("  {} re-planned: {why}\n", st.yellow.apply_to("↻"));
         }
+        if let Some(vmid) = target.after_reboot {
+            out += &format!(
+                "  {} after CT {vmid}'s reboot: apply reaches this guest again once it has booted\n",
+                st.yellow.apply_to("↻")
+            );
+        }
         if let Some(why) = &target.not_read {
             out += &format!(
                 "  {} not read: {why} ({} resource(s) declared)\n\n",

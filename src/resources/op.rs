@@ -217,14 +217,9 @@ impl Deadline {
     }
 }
 
-/// A change of `spec` on `target` with its action and nothing else, for the kinds' and the
-/// engine's unit tests.
-#[cfg(test)]
-pub(crate) fn bare_change(
-    target: &str,
-    spec: super::ResourceSpec,
-    action: Action,
-) -> crate::plan::Change {
+/// A change of `spec` on `target` (as [`crate::plan::Target::names`] spells it) with its
+/// action and nothing else: what a change made outside a diff starts from.
+pub fn bare_change(target: &str, spec: super::ResourceSpec, action: Action) -> crate::plan::Change {
     let r = spec.resource();
     crate::plan::Change {
         address: format!("{target}/{}", spec.address()),

@@ -97,21 +97,42 @@ impl<A: Api> Session<'_, A> {
     }
 
     /// The SSH connection to guest `name` for apply: the one its plan was read over when
-    /// there is one; when provision has just created the container (`created`), or SSH
-    /// does not answer, the guest is bootstrapped through its node first (sshd and keys
-    /// where missing, host keys recorded from the node), then SSH takes over, retried while
-    /// the container boots.
+    /// there is one; when provision has just created the container ([`Fresh::Created`]),
+    /// or SSH does not answer, the guest is bootstrapped through its node first (sshd and
+    /// keys where missing, host keys recorded from the node), then SSH takes over, retried
+    /// while the container boots. A guest whose container this apply rebooted
+    /// ([`Fresh::Rebooted`]) is reached again once it has booted: the plan's connection
+    /// went with the reboot.
     pub fn apply_connect(
         &self,
         name: &str,
-        created: bool,
+        fresh: Fresh,
     ) -> Result<Arc<dyn Transport>, SessionError> {
         let Some((node_name, node, ct)) = find(self.loaded, name) else {
             return self.guest_ssh(name);
         };
-        let first = if created {
-            // Any connection the plan made reached the container this apply replaced.
+        if fresh != Fresh::No {
+            // Any connection the plan made reached the container before its reboot, or
+            // the one this apply replaced.
             self.guest_ssh.forget(name);
+        }
+        if fresh == Fresh::Rebooted {
+            let started = Instant::now();
+            if node.ssh.host.is_some() {
+                wait_booted(&PctTransport::new(
+                    self.node_ssh(node_name)?,
+                    ct.vmid.value as u32,
+                ));
+            }
+            let t = self.retry_ssh(name, "its container's reboot")?;
+            self.printer.status(&format!(
+                "guest.{name}: booted again after CT {}'s reboot; SSH answers ... done ({:.1}s)",
+                ct.vmid.value,
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(t);
+        }
+        let first = if fresh == Fresh::Created {
             None
         } else {
             match self.guest_ssh(name) {
@@ -125,13 +146,7 @@ impl<A: Api> Session<'_, A> {
         let vmid = ct.vmid.value;
         let started = Instant::now();
         let ctt = PctTransport::new(self.node_ssh(node_name)?, vmid as u32);
-        // sshd is enabled by the template's systemd; wait for it to finish booting so
-        // bootstrap sees the real state (and `systemctl` answers at all).
-        let _ = ctt.exec(
-            "systemctl is-system-running --wait >/dev/null 2>&1; true",
-            &[],
-            SSH_DEADLINE,
-        );
+        wait_booted(&ctt);
         // The inventory's keys and the ones provision logs in with: the SSH that takes over
         // below uses the latter.
         let mut authorized_keys: Vec<String> = ct.ssh_keys.iter().map(|k| k.to_string()).collect();
@@ -142,7 +157,7 @@ impl<A: Api> Session<'_, A> {
             authorized_keys,
             apt_sources: Vec::new(),
         };
-        let trust = if created {
+        let trust = if fresh == Fresh::Created {
             HostKeyTrust::Recreated
         } else {
             HostKeyTrust::Existing
@@ -178,7 +193,12 @@ impl<A: Api> Session<'_, A> {
             known_hosts.display(),
             started.elapsed().as_secs_f64()
         ));
-        // sshd may still be starting: retry until the deadline, then say why.
+        self.retry_ssh(name, "its bootstrap")
+    }
+
+    /// SSH to guest `name`, retried while its sshd may still be starting, until the
+    /// deadline; then why, `after` what.
+    fn retry_ssh(&self, name: &str, after: &str) -> Result<Arc<dyn Transport>, SessionError> {
         let deadline = Instant::now() + SSH_DEADLINE;
         loop {
             match self.guest_ssh(name) {
@@ -186,7 +206,7 @@ impl<A: Api> Session<'_, A> {
                 Err(e) if Instant::now() >= deadline => {
                     return Err(SessionError::While {
                         what: format!(
-                            "guest.{name} does not answer SSH {}s after its bootstrap",
+                            "guest.{name} does not answer SSH {}s after {after}",
                             SSH_DEADLINE.as_secs()
                         ),
                         source: Box::new(e),
@@ -196,6 +216,27 @@ impl<A: Api> Session<'_, A> {
             }
         }
     }
+}
+
+/// How new the guest apply reaches is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fresh {
+    /// Its container ran through the plan: the plan's connection still reaches it.
+    No,
+    /// Its container was created or replaced by this apply.
+    Created,
+    /// Its container was rebooted by this apply.
+    Rebooted,
+}
+
+/// Waits (up to the SSH deadline) until the container's systemd has finished booting, so
+/// what comes next sees its services started, and `systemctl` answers at all.
+fn wait_booted(ct: &PctTransport) {
+    let _ = ct.exec(
+        "systemctl is-system-running --wait >/dev/null 2>&1; true",
+        &[],
+        SSH_DEADLINE,
+    );
 }
 
 fn first_line(e: &SessionError) -> String {

@@ -701,7 +701,14 @@ impl<'a> WriteSession<'a> {
                         .unwrap_or_else(|p| p.into_inner())
                         .contains(&ct.vmid.value)
                 });
-                let transport = self.apply_connect(name, created)?;
+                let fresh = if created {
+                    guest::Fresh::Created
+                } else if t.after_reboot.is_some() {
+                    guest::Fresh::Rebooted
+                } else {
+                    guest::Fresh::No
+                };
+                let transport = self.apply_connect(name, fresh)?;
                 let writer = observed(
                     AgentWriter::new(transport, self.binary.clone())
                         .verify_full(self.settings.verify_full),

@@ -155,9 +155,13 @@ impl<'a, A: Api> Session<'a, A> {
         ssh::refuse_keyless_creates(&read.plan, loaded, self.settings())?;
         assumed::refuse_missing(&read.plan, loaded, self)?;
         privileges::refuse_missing(&read.plan, loaded, self)?;
-        read.plan = timing::time("gpus: checks", || {
+        let checked = timing::time("gpus: checks", || {
             gpus::gpu_checks(read.plan, &desired, &live, views, self)
         })?;
+        // Last: a container the GPU checks re-planned may reboot too.
+        let mut targets = checked.targets;
+        crate::engine::reboot::gate_after_reboots(&desired, &mut targets);
+        read.plan = crate::plan::Plan::new(&checked.inventory, checked.mode, targets);
         Ok(read)
     }
 }

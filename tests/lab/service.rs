@@ -38,6 +38,9 @@ struct Lab {
     /// A hub the model is downloaded from (the `model-store` role), instead of a folder
     /// placed by the test.
     hub: std::cell::RefCell<Option<String>>,
+    /// The container's `mounts:` and `restart:` lines, when not the default (`/shared`
+    /// declared from a folder that is not there, so never a reboot).
+    container: std::cell::RefCell<Option<String>>,
 }
 
 /// A container with `/shared` holding a Qwen3.5-shaped model folder, and a mirror with the
@@ -48,6 +51,7 @@ fn lab(name: &str) -> Lab {
     Lab {
         gpus: std::cell::Cell::new(false),
         hub: std::cell::RefCell::new(None),
+        container: std::cell::RefCell::new(None),
         g,
         shared,
         commit,
@@ -146,8 +150,7 @@ impl Lab {
             ""
         };
         self.g.inventory(&format!(
-            "        mounts: [{{ host: /unused, path: /shared }}]
-{gpus}{ml_env}        models:
+            "{container}{gpus}{ml_env}        models:
           qwen3.5-122b:
             repo: Qwen/Qwen3.5-122B-A10B
             path: /shared/models/Qwen3.5-122B-A10B
@@ -168,6 +171,9 @@ impl Lab {
 {environment}            restart: {{ delay: 1s, start_limit_burst: 3, start_limit_interval: 60s }}
             readiness: {{ deadline: 60s, stall_timeout: 5s, poll_interval: 500ms }}
 {extra}",
+            container = self.container.borrow().clone().unwrap_or_else(|| {
+                "        mounts: [{ host: /unused, path: /shared }]\n".into()
+            }),
             ml_env = self.ml_env(),
             endpoint = self
                 .hub
@@ -326,6 +332,63 @@ fn preflight_refuses_the_seeds_first_unit_and_reloads_are_verified() {
         l.g.sh("systemctl show -p Environment --value sglang-qwen.service")
             .contains("FIX=1")
     );
+    l.g.expect(&["check"], 0);
+}
+
+/// A reboot for new root-only lines (`restart: allowed`) restarts the server with its
+/// container. The plan says so on the guest, and apply reaches the guest again once it has
+/// booted and waits for the server the boot started to be ready (not restarting it) before
+/// it ends: what runs after an apply that exits 0 is proven, not assumed.
+#[test]
+fn a_reboot_for_new_lines_waits_for_the_server_to_serve_again() {
+    let l = lab("svc-reboot");
+    let extra = tempfile::tempdir().unwrap();
+    let mounts = |more: &str| {
+        format!(
+            "        hostname: ct{}\n        restart: allowed\n        mounts:\n          - {{ host: {}, path: /shared }}\n{more}",
+            l.g.ct.vmid,
+            l.shared.path().display()
+        )
+    };
+    l.g.with_container.set(true);
+    *l.container.borrow_mut() = Some(mounts(""));
+    l.inventory(true, &[], "");
+    l.g.expect(&["apply", "--yes"], 0);
+    assert!(l.serving());
+    l.g.expect(&["check"], 0);
+    let pid = l.main_pid();
+
+    *l.container.borrow_mut() = Some(mounts(&format!(
+        "          - {{ host: {}, path: /extra }}\n",
+        extra.path().display()
+    )));
+    l.inventory(true, &[], "");
+    let (plan, _) = l.g.expect(&["plan"], 0);
+    assert!(plan.contains("mp1"), "{plan}");
+    assert!(
+        plan.contains("after CT")
+            && plan.contains("reboot: apply reaches this guest again once it has booted"),
+        "{plan}"
+    );
+    assert!(plan.contains("~ service sglang-qwen.service"), "{plan}");
+    assert!(plan.contains("ready again after CT"), "{plan}");
+
+    let (_, err) = l.g.expect(&["apply", "--yes"], 0);
+    let reboot = err
+        .find("reboot CT")
+        .unwrap_or_else(|| panic!("no reboot:\n{err}"));
+    let back = err
+        .find("booted again after CT")
+        .unwrap_or_else(|| panic!("the guest was not reached again after the boot:\n{err}"));
+    let gate = err
+        .find("deploy sglang-qwen.service and wait until it is ready (restarted only if it does not get there) ... done")
+        .unwrap_or_else(|| panic!("the server was not waited for:\n{err}"));
+    assert!(reboot < back && back < gate, "{err}");
+    assert!(err.contains("(not restarted)"), "{err}");
+    // Served when apply ends: the boot's own server, not one apply started again.
+    assert!(l.serving());
+    assert_ne!(l.main_pid(), pid, "the container did not reboot");
+    assert_eq!(l.g.sh("findmnt -n -o TARGET /extra"), "/extra\n");
     l.g.expect(&["check"], 0);
 }
 

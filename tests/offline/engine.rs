@@ -1,7 +1,8 @@
 //! The engine's pure functions without a target: the diff of a target against the empty
 //! world, the order of a plan's targets, and the operations `ops_of` derives from a target
-//! plan (what apply runs, from the plan alone), and a saved plan refused when its target no
-//! longer reads as it did. llm-two's real inventory is the input.
+//! plan (what apply runs, from the plan alone), a saved plan refused when its target no
+//! longer reads as it did, and what a container's reboot adds to its guest's plan.
+//! llm-two's real inventory is the input.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,13 +10,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use provision::access::{AccessError, ApiOp, NodeOp, Op, OpOutcome, TargetReader, TargetWriter};
 use provision::engine::ops::ops_of;
+use provision::engine::reboot::{gate_after_reboots, reboots};
 use provision::engine::reconcile::{self, ApplyOptions};
 use provision::engine::schedule::Limits;
 use provision::engine::{DesiredTarget, diff_target, offline_plan};
-use provision::plan::{Action, Plan, Target, TargetPlan};
+use provision::plan::{Action, Change, Plan, Target, TargetPlan};
 use provision::resources::ResourceSpec;
+use provision::resources::Typed;
+use provision::resources::container::RestartPolicy;
 use provision::resources::file::{PathFact, PathKind};
 use provision::resources::managed::{Entry, ManagedProbe, RECORD_VERSION, Record};
+use provision::resources::op::bare_change;
 use provision::resources::service::{UnitFact, UnitProbe};
 use provision::resources::wire::{Fact, Facts, Probe, Step};
 
@@ -590,4 +595,151 @@ fn a_server_no_longer_declared_is_stopped_before_the_new_ones_unit_is_written() 
         "{:?}",
         ops[..stop].iter().map(word).collect::<Vec<_>>()
     );
+}
+
+/// A change of `spec` on `target`, without attributes.
+fn change_of(target: &Target, spec: &ResourceSpec, action: Action) -> Change {
+    bare_change(&target.names().0, spec.clone(), action)
+}
+
+/// llm-two's desired state with its container's `restart` set to `restart`, and plans
+/// where nothing differs but the container's root-only lines (its bind mount): its guest
+/// read, all matching.
+fn rebooting(restart: RestartPolicy) -> (Vec<DesiredTarget>, Vec<TargetPlan>) {
+    let mut desired = llm_two();
+    let mut plans = Vec::new();
+    for d in &mut desired {
+        for r in &mut d.resources {
+            if let ResourceSpec::Container(c) = &mut r.spec {
+                c.restart = restart;
+            }
+        }
+        let mut p = TargetPlan::empty(d.target.clone());
+        for r in &d.resources {
+            if matches!(&r.spec, ResourceSpec::PveLines(l) if l.label == "root-only") {
+                p.changes
+                    .push(change_of(&d.target, &r.spec, Action::Update));
+            } else {
+                p.unchanged += 1;
+            }
+        }
+        plans.push(p);
+    }
+    (desired, plans)
+}
+
+fn guest_of(plans: &[TargetPlan]) -> &TargetPlan {
+    plans
+        .iter()
+        .find(|p| matches!(p.target, Target::Guest { .. }))
+        .expect("llm-two has a guest")
+}
+
+/// New root-only lines on a running container with `restart: allowed`: the guest is
+/// marked as coming back from the reboot, and sglang-qwen (gated, unchanged) is waited
+/// for after the boot (deployed with `wait_first`: restarted only if the boot's own start
+/// fails) instead of being taken on trust; with `restart: never` nothing reboots and the
+/// guest's plan stays as read.
+#[test]
+fn a_reboot_for_new_lines_gates_the_guests_services_again() {
+    let (desired, mut plans) = rebooting(RestartPolicy::Allowed);
+    let before = guest_of(&plans).unchanged;
+    gate_after_reboots(&desired, &mut plans);
+    let g = guest_of(&plans);
+    assert_eq!(g.after_reboot, Some(129));
+    let services: Vec<&Change> = g.changes.iter().filter(|c| c.kind == "service").collect();
+    assert_eq!(services.len(), 1, "{:#?}", g.changes);
+    let c = services[0];
+    assert_eq!(c.name, "sglang-qwen.service");
+    assert_eq!(
+        c.typed,
+        Some(Typed::Service {
+            restart: true,
+            wait_first: true
+        })
+    );
+    assert!(c.reasons[0].contains("CT 129 reboots"), "{:?}", c.reasons);
+    assert!(
+        c.reasons[1].contains("lists `qwen3.5-122b`"),
+        "{:?}",
+        c.reasons
+    );
+    assert_eq!(g.unchanged, before - 1);
+    let deploys: Vec<(bool, bool)> = ops_of(g, &ApplyOptions::default(), &mut Vec::new())
+        .iter()
+        .filter_map(|o| match o {
+            Op::Guest(Step::DeployService(d)) => Some((d.restart, d.wait_first)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deploys, vec![(true, true)]);
+
+    let (desired, mut plans) = rebooting(RestartPolicy::Never);
+    gate_after_reboots(&desired, &mut plans);
+    assert_eq!(guest_of(&plans).after_reboot, None);
+    assert!(guest_of(&plans).changes.is_empty());
+}
+
+/// A service that changes anyway keeps its own change; a container started from stopped,
+/// created or replaced boots its guest as planned (nothing is added); pending config
+/// changes alone reboot it.
+#[test]
+fn only_a_running_container_reboots_and_a_changed_service_keeps_its_change() {
+    let (desired, mut plans) = rebooting(RestartPolicy::Allowed);
+    let spec_of = |f: fn(&ResourceSpec) -> bool| {
+        desired
+            .iter()
+            .flat_map(|d| &d.resources)
+            .find(|r| f(&r.spec))
+            .unwrap()
+            .spec
+            .clone()
+    };
+    let gi = plans
+        .iter()
+        .position(|p| matches!(p.target, Target::Guest { .. }))
+        .unwrap();
+    let mut own = change_of(
+        &plans[gi].target,
+        &spec_of(|s| matches!(s, ResourceSpec::Service(_))),
+        Action::Update,
+    );
+    own.typed = Some(Typed::Service {
+        restart: true,
+        wait_first: false,
+    });
+    plans[gi].changes.push(own.clone());
+    gate_after_reboots(&desired, &mut plans);
+    assert_eq!(plans[gi].changes, vec![own]);
+    assert_eq!(plans[gi].after_reboot, Some(129));
+
+    let ci = plans
+        .iter()
+        .position(|p| matches!(p.target, Target::Container { .. }))
+        .unwrap();
+    let container = spec_of(|s| matches!(s, ResourceSpec::Container(_)));
+    let typed = |start, reboot| {
+        Some(Typed::Container {
+            set: Vec::new(),
+            start,
+            reboot,
+        })
+    };
+    for (action, typed) in [
+        (Action::Update, typed(true, false)),
+        (Action::Create, None),
+        (Action::Replace, None),
+    ] {
+        let mut p = plans[ci].clone();
+        let mut c = change_of(&p.target, &container, action);
+        c.typed = typed;
+        p.changes.insert(0, c);
+        assert!(!reboots(&p, RestartPolicy::Allowed), "{action:?}");
+        assert!(reboots(&plans[ci], RestartPolicy::Allowed));
+    }
+    let mut p = TargetPlan::empty(plans[ci].target.clone());
+    let mut c = change_of(&p.target, &container, Action::Update);
+    c.typed = typed(false, true);
+    p.changes.push(c);
+    assert!(reboots(&p, RestartPolicy::Allowed));
 }

@@ -22,6 +22,9 @@ pub struct Guest {
     pub mirror_dir: PathBuf,
     /// Its URL, as containers reach it.
     pub mirror_url: String,
+    /// Whether commands also plan and apply the container itself (its config through the
+    /// lab's API and its root-only lines over the node's SSH), not only its guest.
+    pub with_container: std::cell::Cell<bool>,
 }
 
 impl Drop for Guest {
@@ -100,6 +103,7 @@ impl Guest {
             ct,
             dir,
             mirror_dir,
+            with_container: std::cell::Cell::new(false),
         }
     }
 
@@ -162,8 +166,8 @@ impl Guest {
       node: {node}
       token: {{ env: PVE_TOKEN }}
       tls: {{ fingerprint: \"{fingerprint}\" }}
-    ssh: {{ host: {node_host}, port: {node_port} }}
-    containers:
+    ssh: {{ host: {node_host}, port: {node_port}{node_key} }}
+{config_root}    containers:
       t:
         vmid: {vmid}
         template: {template}
@@ -176,6 +180,17 @@ impl Guest {
         ssh:
           identity_file: {key}
 {body}",
+            // Root-only lines are written over the node's SSH, as root.
+            node_key = if self.with_container.get() {
+                format!(", identity_file: {}", lab.key_path().display())
+            } else {
+                String::new()
+            },
+            // ... in the lab node's own /etc/pve.
+            config_root = match lab.vars.get("LAB_PVE_ROOT") {
+                Some(root) if self.with_container.get() => format!("    config_root: {root}\n"),
+                _ => String::new(),
+            },
             url = lab.url(),
             node = lab.node(),
             vmid = self.ct.vmid,
@@ -220,8 +235,13 @@ impl Guest {
     pub fn command(&self, args: &[&str]) -> Command {
         let inventory = self.dir.path().join("inventory.yaml");
         let known_hosts = self.dir.path().join("known_hosts");
+        let targets: &[&str] = if self.with_container.get() {
+            &["--target", "container.t", "--target", "guest.t"]
+        } else {
+            &["--target", "guest.t"]
+        };
         Provision::new(args)
-            .args(["--target", "guest.t"])
+            .args(targets)
             .known_hosts(&known_hosts, true)
             .arg(&inventory)
             .env_remove("SSH_AUTH_SOCK")

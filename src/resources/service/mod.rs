@@ -139,6 +139,18 @@ impl Declared {
 }
 
 impl ServiceSpec {
+    /// What its health gate waits for after a start, in words; `None` without readiness.
+    pub fn gate(&self) -> Option<String> {
+        let r = self.readiness.as_ref()?;
+        Some(format!(
+            "after starting: wait until {} lists `{}` (deadline {}s, longer while it makes progress; a hang is called after {}s without progress: no log line, output, reads, CPU or GPU memory growth)",
+            r.url,
+            r.served_model_name,
+            r.deadline_ms / 1000,
+            r.stall_timeout_ms / 1000
+        ))
+    }
+
     /// The same service running fallback `fb`'s unit instead.
     pub fn with_fallback(&self, fb: &Fallback) -> ServiceSpec {
         ServiceSpec {
@@ -341,16 +353,10 @@ impl Resource for ServiceSpec {
                 ));
             }
         }
-        if let Some(r) = &self.readiness
+        if let Some(gate) = self.gate()
             && !d.attributes.is_empty()
         {
-            d = d.reason(format!(
-                "after starting: wait until {} lists `{}` (deadline {}s, longer while it makes progress; a hang is called after {}s without progress: no log line, output, reads, CPU or GPU memory growth)",
-                r.url,
-                r.served_model_name,
-                r.deadline_ms / 1000,
-                r.stall_timeout_ms / 1000
-            ));
+            d = d.reason(gate);
         }
         if d.attributes.is_empty() {
             return Ok(None);
