@@ -8,11 +8,11 @@ use std::time::Duration;
 use super::NodeError;
 use super::gpu::NodeGpus;
 use crate::resources::pve_lines::{PveLinesSpec, is_dev_key};
+use crate::transport::Transport;
 use crate::transport::pct::PctTransport;
-use crate::transport::{Transport, shell_quote};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-const SMI_MARK: &str = "@@provision-smi";
+use crate::resources::gpu_seen::SMI_MARK;
 /// How a drift line about the container's userspace driver version begins.
 pub const USERSPACE_DRIFT: &str = "the container's userspace driver is";
 
@@ -86,6 +86,12 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// What the script said (see [`crate::resources::gpu_seen::script`]), read under
+    /// `roots` and at `paths`: from the node's `pct exec`, or the guest's agent.
+    pub fn new(text: String, roots: Vec<String>, paths: Vec<String>) -> Self {
+        Seen { text, roots, paths }
+    }
+
     /// Whether this read looked at every path `want` names.
     pub fn covers(&self, want: &[Expected]) -> bool {
         want.iter().all(|e| {
@@ -120,22 +126,7 @@ pub fn read(
     roots: &[String],
     paths: &[String],
 ) -> Result<Seen, NodeError> {
-    let mut extra: Vec<String> = roots
-        .iter()
-        .filter(|r| !r.is_empty())
-        .flat_map(|r| {
-            let q = shell_quote(r);
-            [format!("{q}/dev/nvidia*"), format!("{q}/dev/nvidia-caps/*")]
-        })
-        .collect();
-    extra.extend(paths.iter().map(|p| shell_quote(p)));
-    let script = format!(
-        "for f in /dev/nvidia* /dev/nvidia-caps/* {}; do [ -c \"$f\" ] || continue; \
-         if e=$( (exec 3<\"$f\") 2>&1 ); then a=open; else case \"$e\" in *'No such device'*) a=open;; *) a=denied;; esac; fi; \
-         echo \"$f|$(stat -c '%t|%T' \"$f\")|$a\"; done | sort -u; echo {SMI_MARK}; \
-         if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n1; else echo absent; fi",
-        extra.join(" ")
-    );
+    let script = crate::resources::gpu_seen::script(roots, paths);
     let ct = PctTransport::new(node, vmid as u32);
     let out = ct.exec(&script, &[], TIMEOUT)?;
     if !out.success() {

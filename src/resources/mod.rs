@@ -11,6 +11,7 @@ pub mod directory;
 pub mod file;
 pub mod generation;
 pub mod git_checkout;
+pub mod gpu_seen;
 pub mod gpu_userspace;
 pub mod holders;
 pub mod import_check;

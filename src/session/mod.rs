@@ -38,6 +38,7 @@ use crate::printer::Printer;
 use crate::proxmox::{ApiReader, ApiSettings, NodeApi, ProxmoxError};
 use crate::resources::ResourceSpec;
 use crate::resources::container::{ContainerSpec, RestartPolicy};
+use crate::resources::wire::Probe;
 use crate::timing;
 use crate::transport::{Transport, TransportError};
 
@@ -375,9 +376,30 @@ impl<'a, A: Api> Session<'a, A> {
                         .as_deref()
                         .is_some_and(|l| l.get(&vmid).is_some_and(|(_, r)| *r))
                 };
+                let early_of = |name: &str| {
+                    let guest = Target::Guest {
+                        name: name.to_string(),
+                        address: String::new(),
+                    };
+                    early
+                        .iter()
+                        .find(|d| d.target.names() == guest.names())
+                        .filter(|_| wanted(&guest))
+                };
+                // What a running GPU container shows of its GPUs is read by its guest's
+                // agent in the early read that reads the guest anyway (as root, as the
+                // node's `pct exec` would), so neither a second node login nor `pct exec`
+                // is needed; the others over a node login of their own.
+                let in_guest = |name: &str, ct: &crate::inventory::container::Container| {
+                    node.ssh.host.is_some()
+                        && runs(ct.vmid.value)
+                        && ct.gpus.is_some()
+                        && ct.ssh.user.to_string() == "root"
+                        && early_of(name).is_some()
+                };
                 let gpus: Vec<u64> = gpus::gpu_containers(node_name, node, wanted)
+                    .filter(|(name, ct, _)| runs(ct.vmid.value) && !in_guest(name, ct))
                     .map(|(_, ct, _)| ct.vmid.value)
-                    .filter(|&vmid| runs(vmid))
                     .collect();
                 if node.ssh.host.is_some() && !gpus.is_empty() {
                     s.spawn(move || self.prime_gpu_views(node_name, &gpus, root, done));
@@ -394,11 +416,26 @@ impl<'a, A: Api> Session<'a, A> {
                     if !wanted(&guest) || (listed && !runs(ct.vmid.value)) {
                         continue;
                     }
-                    self.guest_ssh
-                        .prime(name, || ssh::guest_pool(self.loaded, name, &self.settings));
-                    if let Some(d) = early.iter().find(|d| d.target.names() == guest.names()) {
-                        self.read_early(name, d);
+                    let login_and_read = |view| {
+                        self.guest_ssh
+                            .prime(name, || ssh::guest_pool(self.loaded, name, &self.settings));
+                        early_of(name).and_then(|d| self.read_early(name, d, view))
+                    };
+                    if !in_guest(name, ct) {
+                        login_and_read(None);
+                        continue;
                     }
+                    // The view's slot is held from before the login until the answer, so
+                    // the checks wait for it rather than read it again with `pct exec`.
+                    let vmid = ct.vmid.value;
+                    self.gpu_seen.prime(&seen_key(node_name, vmid), || {
+                        login_and_read(Some(root)).ok_or_else(|| {
+                            Diagnostic::new(format!(
+                                "CT {vmid}'s guest did not answer what it shows of its GPUs"
+                            ))
+                            .into()
+                        })
+                    });
                 }
             }
         })
@@ -407,7 +444,16 @@ impl<'a, A: Api> Session<'a, A> {
     /// Reads guest `name` as its plan will (`d`, its desired state without the nodes'
     /// facts, asks the same probes), over the login [`Self::prime`] made, for the plan's
     /// read to take (see [`early`]). Nothing when that login failed or a read came first.
-    fn read_early(&self, name: &str, d: &DesiredTarget) {
+    /// With `view` (the GPU root), the same request asks what the container shows of its
+    /// GPUs (see [`crate::resources::gpu_seen`]), returned for the GPU checks to compare
+    /// once the facts are in.
+    fn read_early(
+        &self,
+        name: &str,
+        d: &DesiredTarget,
+        view: Option<&str>,
+    ) -> Option<crate::node::gpu_check::Seen> {
+        let mut seen = None;
         self.guest_early.prime(name, || {
             let Some(pool) = self.guest_ssh.made(name) else {
                 return Ok(early::EarlyRead::none());
@@ -415,11 +461,37 @@ impl<'a, A: Api> Session<'a, A> {
             let reader = AgentReader::new(Pool::transport(&pool), self.binary.clone())
                 .verify_full(self.settings.verify_full);
             let probes = crate::engine::removal::first_probes(d);
-            let answer = timing::time("read guest early (beside the GPU facts)", || {
-                reader.read(&probes)
+            let asked_view = view.map(|root| {
+                Probe::GpuSeen(crate::resources::gpu_seen::GpuSeenProbe {
+                    roots: vec![root.to_string()],
+                    paths: Vec::new(),
+                })
             });
+            let asked: Vec<Probe> = probes.iter().cloned().chain(asked_view.clone()).collect();
+            let answer = timing::time("read guest early (beside the GPU facts)", || {
+                reader.read(&asked)
+            });
+            let (Some(root), Some(probe)) = (view, &asked_view) else {
+                return Ok(early::EarlyRead::of(probes, answer));
+            };
+            // A view that could not be read is the node's to read, and the plan reads the
+            // guest itself.
+            let Some(text) = answer
+                .as_ref()
+                .ok()
+                .and_then(|f| f.gpu_seen(probe).ok().flatten())
+                .cloned()
+            else {
+                return Ok(early::EarlyRead::none());
+            };
+            seen = Some(crate::node::gpu_check::Seen::new(
+                text,
+                vec![root.to_string()],
+                Vec::new(),
+            ));
             Ok(early::EarlyRead::of(probes, answer))
         });
+        seen
     }
 
     /// Reads what running containers `vmids` of `node` show of their GPUs, over a login of
@@ -772,7 +844,12 @@ fn seen_read<'p>(
     impl FnOnce() -> Result<crate::node::gpu_check::Seen, SessionError> + 'p,
 ) {
     let read = move || Ok(probe.container_seen(vmid, &[root.to_string()])?);
-    (format!("{node}/{vmid}"), read)
+    (seen_key(node, vmid), read)
+}
+
+/// The key of container `vmid` of `node` among the GPU views.
+fn seen_key(node: &str, vmid: u64) -> String {
+    format!("{node}/{vmid}")
 }
 
 #[cfg(test)]

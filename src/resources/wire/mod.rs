@@ -28,9 +28,9 @@ use super::service::UnitFact;
 use super::template::TemplateFact;
 use super::venv::VenvFact;
 use super::{
-    apt, apt_source, container, cuda, directory, file, generation, git_checkout, gpu_userspace,
-    holders, import_check, managed, model, model_storage, nvidia_host, pip_packages, service,
-    template, uv, venv,
+    apt, apt_source, container, cuda, directory, file, generation, git_checkout, gpu_seen,
+    gpu_userspace, holders, import_check, managed, model, model_storage, nvidia_host, pip_packages,
+    service, template, uv, venv,
 };
 
 /// A kind's probe: how the agent answers it. A probe the node's API answers keeps the
@@ -221,6 +221,8 @@ wire! {
         FreeSpace(model::FreeSpaceProbe),
         /// The services (or processes) holding files under a folder open or mapped.
         Holders(holders::HoldersProbe),
+        /// What the container the agent runs in shows of its GPUs.
+        GpuSeen(gpu_seen::GpuSeenProbe),
     }
     facts {
         /// Answer to [`Probe::Path`] and [`Probe::Stat`].
@@ -264,6 +266,8 @@ wire! {
         FreeSpace(model::FreeSpace) => free_space,
         /// Answer to [`Probe::Holders`] (always `Some` when read).
         Holders(Vec<String>) => holders,
+        /// Answer to [`Probe::GpuSeen`]: the script's lines (always `Some` when read).
+        GpuSeen(String) => gpu_seen,
     }
     steps {
         /// Write a file atomically and verify it by reading it back.
