@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use super::NodeError;
 use super::gpu::NodeGpus;
+use crate::resources::gpu_seen::SMI_MARK;
 use crate::resources::pve_lines::{PveLinesSpec, is_dev_key};
 use crate::transport::Transport;
 use crate::transport::pct::PctTransport;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-use crate::resources::gpu_seen::SMI_MARK;
 /// How a drift line about the container's userspace driver version begins.
 pub const USERSPACE_DRIFT: &str = "the container's userspace driver is";
 
@@ -137,11 +137,7 @@ pub fn read(
             stderr: super::tail(&out.stderr_text()),
         });
     }
-    Ok(Seen {
-        text: out.stdout_text(),
-        roots: roots.to_vec(),
-        paths: paths.to_vec(),
-    })
+    Ok(Seen::new(out.stdout_text(), roots.to_vec(), paths.to_vec()))
 }
 
 /// Compares the probe's output with what is wanted.
