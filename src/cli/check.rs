@@ -36,7 +36,7 @@ pub fn run(args: &CheckArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     // The drift of every target read is shown even when others could not be read; then
     // the exit code says error (1) over drift (2).
     timing::time("print", || print_read(&read, args.json, printer))?;
-    printer.verbose(&timing::render(&timing::take(), start.elapsed()));
+    printer.verbose(&timing::render(&timing::take(), start));
     let plan = read.whole().map_err(from_engine)?;
     Ok(if plan.summary.has_changes() {
         ExitStatus::Changes

@@ -59,7 +59,7 @@ pub fn run(args: &PlanArgs, printer: &Printer) -> anyhow::Result<ExitStatus> {
     // The targets that were read are shown even when others could not be; a plan that
     // misses some is an error and is not saved.
     timing::time("print", || print_read(&read, args.json, printer))?;
-    printer.verbose(&timing::render(&timing::take(), start.elapsed()));
+    printer.verbose(&timing::render(&timing::take(), start));
     let plan = read.whole().map_err(from_engine)?;
     if let Some(out) = &args.out {
         save_plan(&plan, out)?;
