@@ -99,8 +99,12 @@ pub struct ApiTarget<A = NodeApi> {
     specs: Vec<ContainerSpec>,
     listed: Option<Arc<Listing>>,
     cluster: bool,
+    placed: Option<Arc<Placements>>,
     owner: String,
 }
+
+/// Where the cluster says each of its containers is, by vmid (one `/cluster/resources`).
+pub type Placements = std::collections::BTreeMap<u64, crate::proxmox::cluster::Placement>;
 
 /// A node's containers as one listing showed them: vmid → (name, running).
 pub type Listing = std::collections::BTreeMap<u64, (String, bool)>;
@@ -113,6 +117,7 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
             specs,
             listed: None,
             cluster: false,
+            placed: None,
             owner: String::new(),
         }
     }
@@ -139,6 +144,16 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
         self.cluster = cluster;
         self
     }
+
+    /// A member of a cluster whose placements were read earlier in the same session:
+    /// one `/cluster/resources` for every container target of the cluster, not one each.
+    pub fn placed_by(mut self, placements: Option<Arc<Placements>>) -> Self {
+        if placements.is_some() {
+            self.cluster = true;
+        }
+        self.placed = placements;
+        self
+    }
 }
 
 impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
@@ -160,12 +175,16 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
             Some(listing) => listing.clone(),
             None => Arc::new(container::list(api).map_err(|e| boxed(ContainerError::from(e)))?),
         };
-        let placed = match self.cluster {
-            true => Some(
+        // Only a container's own read looks for it on the other nodes (the scan for
+        // undeclared containers reads its node's listing alone).
+        let placed = match (&self.placed, self.cluster) {
+            _ if !probes.iter().any(|p| matches!(p, Probe::PveContainer(_))) => None,
+            (Some(placed), _) => Some(placed.clone()),
+            (None, true) => Some(Arc::new(
                 crate::proxmox::cluster::containers(api)
                     .map_err(|e| boxed(ContainerError::from(e)))?,
-            ),
-            false => None,
+            )),
+            (None, false) => None,
         };
         let mut out = HashMap::new();
         for p in probes {

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use pve::{Auth, Client, RetryPolicy, Trust};
@@ -147,6 +147,8 @@ pub struct ApiReader {
     pub ticket: bool,
     client: Client,
     version: OnceLock<PveVersion>,
+    /// Held while the version is first read, so reads at once ask for it once.
+    reading_version: Mutex<()>,
     calls: AtomicUsize,
 }
 
@@ -237,6 +239,7 @@ impl ApiReader {
             ticket,
             client: client.with_retry(RetryPolicy::STANDARD),
             version: OnceLock::new(),
+            reading_version: Mutex::new(()),
             calls: AtomicUsize::new(usize::from(ticket)),
         })
     }
@@ -267,6 +270,13 @@ impl ApiReader {
 
     /// The node's release, read once.
     pub fn version(&self) -> Result<PveVersion, ProxmoxError> {
+        if let Some(v) = self.version.get() {
+            return Ok(v.clone());
+        }
+        let _first = self
+            .reading_version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(v) = self.version.get() {
             return Ok(v.clone());
         }

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::access::{AccessError, ApiTarget, Listing, TargetReader, TargetWriter};
+use crate::access::{AccessError, ApiTarget, Listing, Placements, TargetReader, TargetWriter};
 use crate::agent::attach::Observer;
 use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
@@ -261,6 +261,9 @@ pub struct Session<'a, A> {
     /// Each node's containers, listed once: by the first of its container's read and its
     /// guest's, which run at the same time.
     listings: Slots<Listing>,
+    /// Where each cluster says its containers are, by cluster name: read once for all the
+    /// cluster's container targets.
+    placements: Slots<Placements>,
     /// Each guest read before the plan asked (see [`Self::prime`]), by container name.
     guest_early: Slots<early::EarlyRead>,
     /// What each running GPU container shows of its GPUs, by `node/vmid`: read while the
@@ -296,6 +299,7 @@ impl<'a, A: Api> Session<'a, A> {
             node_ssh: Slots::default(),
             guest_ssh: Slots::default(),
             listings: Slots::default(),
+            placements: Slots::default(),
             gpu_seen: Slots::default(),
             guest_early: Slots::default(),
             listed_nodes: Mutex::new(BTreeSet::new()),
@@ -342,6 +346,21 @@ impl<'a, A: Api> Session<'a, A> {
         let api = self.api_reader(node)?;
         api.version()?;
         Ok(crate::proxmox::container::list(&api)?)
+    }
+
+    /// Where the cluster of `node` says its containers are, read once in this session
+    /// through the first member asked (any member's API reaches every node); `None` for a
+    /// node in no cluster.
+    fn placements(&self, node: &str) -> Result<Option<Arc<Placements>>, SessionError> {
+        let Some(cluster) = self.cluster_of(node) else {
+            return Ok(None);
+        };
+        let placed = self.placements.get(&cluster, || {
+            Ok(crate::proxmox::cluster::containers(
+                &*self.api_reader(node)?,
+            )?)
+        })?;
+        Ok(Some(placed))
     }
 
     /// Makes, ahead of the plan's reads, the connections they will open, while the nodes'
@@ -555,6 +574,11 @@ impl<'a, A: Api> Session<'a, A> {
                 )
                 .listed(self.listing(node)?)
                 .in_cluster(self.in_cluster(node))
+                .placed_by(match d.resources.is_empty() {
+                    // The scan for undeclared containers reads no placement.
+                    true => None,
+                    false => self.placements(node)?,
+                })
                 .owned_by(owner(self.loaded)),
             )),
             Target::Guest { name, .. } => {
@@ -666,11 +690,18 @@ impl<'a, A: Api> Session<'a, A> {
 
     /// Whether the inventory puts node `node` in a cluster.
     fn in_cluster(&self, node: &str) -> bool {
+        self.cluster_of(node).is_some()
+    }
+
+    /// The cluster the inventory puts node `node` in.
+    fn cluster_of(&self, node: &str) -> Option<String> {
         self.loaded
             .inventory
             .nodes
             .iter()
-            .any(|(n, inv)| n.as_str() == node && inv.cluster.is_some())
+            .find(|(n, _)| n.as_str() == node)
+            .and_then(|(_, inv)| inv.cluster.as_ref())
+            .map(|c| c.to_string())
     }
 
     /// Warns, on every run that reads targets, when certificates are not verified.

@@ -341,6 +341,47 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
         "the drift names both nodes:\n{out}"
     );
     eprintln!("check of a misplaced container:\n{out}");
+
+    // Where the cluster puts its containers is read once per check, as the node's version
+    // and listing are, not once per container: two container targets read together make
+    // the calls each makes alone, less those three.
+    let calls = |err: &str| -> usize {
+        err.lines()
+            .find_map(|l| l.strip_prefix(&format!("node {}: ", lab.node())))
+            .and_then(|l| l.strip_suffix(" API call(s)"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("-v counts the node's API calls:\n{err}"))
+    };
+    let second = lab
+        .create_container(ContainerSpec {
+            start: false,
+            wait_ssh: false,
+            ..Default::default()
+        })
+        .expect("a second container, on the declared node");
+    inventory(
+        &lab,
+        dir.path(),
+        &[("moved", &ct, "small"), ("second", &second, "small")],
+        true,
+    );
+    let check = |targets: &[&'static str]| -> String {
+        let mut args = vec!["check", "-v"];
+        for t in targets {
+            args.extend(["--target", t]);
+        }
+        expect(&lab, dir.path(), &args, 2).1
+    };
+    let moved = check(&["container.moved"]);
+    let alone = check(&["container.second"]);
+    let both = check(&["container.moved", "container.second"]);
+    assert_eq!(
+        calls(&both),
+        calls(&moved) + calls(&alone) - 3,
+        "--- moved\n{moved}\n--- second\n{alone}\n--- both\n{both}"
+    );
+    drop(second);
+    inventory(&lab, dir.path(), &[("moved", &ct, "small")], true);
     // Apply refuses rather than writing on the declared node, and migration says it is
     // not built.
     let (_, err) = expect(
