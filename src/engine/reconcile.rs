@@ -56,60 +56,98 @@ pub fn plan(
     limits: &Limits,
     read: &Read,
 ) -> PartialPlan {
-    let prune_models = undeclared.prune_models;
     let targets: Vec<&Target> = desired.iter().map(|d| &d.target).collect();
+    // A job per declared target, then a scan per node for the containers this inventory
+    // created and no longer declares, scheduled as reads of that node's API: with room,
+    // the scans run beside the reads instead of after them.
+    let mut jobs = schedule::read_jobs(&targets);
+    jobs.extend(undeclared.nodes.iter().map(|node| schedule::Job {
+        node: Some(node.clone()),
+        ..Default::default()
+    }));
     let results = schedule::run(
-        &schedule::read_jobs(&targets),
+        &jobs,
         limits,
         Follow::Always,
-        &|i| -> Result<TargetPlan, EngineError> {
-            let d = &desired[i];
-            let reader = timing::time("open target (includes login, ssh)", || read(d))
-                .map_err(EngineError::Open)?;
-            let (d, facts, probes) = timing::time(read_phase(&d.target), || {
-                removal::read_target(d, reader.as_ref(), prune_models)
-            })?;
-            let mut target = timing::time("diff", || diff_target(&d, &facts))?;
-            let ways = super::fit::Ways {
-                prune_models,
-                allow_downtime: undeclared.allow_downtime,
-            };
-            timing::time("fit (hub listing)", || {
-                super::fit::check(&d, &facts, &mut target, ways, &super::fit::listed)
-            })?;
-            target.not_read = reader.not_read();
-            target.manages = removal::record(&d, &facts);
-            target.read = Some(ReadStamp {
-                digest: facts.digest(&probes)?,
-                probes,
-                verify_full,
-                prune_models,
-            });
-            Ok(target)
+        &|i| match desired.get(i) {
+            Some(d) => Job::Read(Box::new(read_one(d, verify_full, undeclared, read))),
+            None => Job::Scan(removal::scan(
+                &undeclared.nodes[i - desired.len()],
+                undeclared,
+                read,
+            )),
         },
-        &|r| r.is_err(),
+        &|r| match r {
+            Job::Read(r) => r.is_err(),
+            Job::Scan((_, unread)) => !unread.is_empty(),
+        },
     );
     let mut planned = Vec::new();
     let mut failures = Vec::new();
-    for (r, d) in results.into_iter().zip(desired) {
+    let mut gone = Vec::new();
+    let mut unread = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        let target = || match desired.get(i) {
+            Some(d) => d.target.clone(),
+            None => removal::lister(&undeclared.nodes[i - desired.len()]).target,
+        };
         match r {
-            Outcome::Ran(Ok(t)) => planned.push(t),
-            Outcome::Ran(Err(e)) => failures.push((d.target.clone(), e)),
+            Outcome::Ran(Job::Read(r)) => match *r {
+                Ok(t) => planned.push(t),
+                Err(e) => failures.push((target(), e)),
+            },
+            Outcome::Ran(Job::Scan((p, f))) => {
+                gone.extend(p);
+                unread.extend(f);
+            }
             Outcome::Skipped(why) => failures.push((
-                d.target.clone(),
+                target(),
                 EngineError::NotReached(skip_reason(why, &targets)),
             )),
         }
     }
     super::node_desired::note_rebuilds(desired, &mut planned);
     super::empty_guest::replan_replaced_guests(desired, &mut planned);
-    let (gone, unread) = removal::containers(undeclared, read);
     planned.extend(gone);
     failures.extend(unread);
     PartialPlan {
         plan: Plan::new(inventory, PlanMode::Online, planned),
         failures,
     }
+}
+
+/// What one job of [`plan`] did.
+enum Job {
+    /// A declared target read and planned.
+    Read(Box<Result<TargetPlan, EngineError>>),
+    /// A node scanned for undeclared containers: their plans, and what could not be read.
+    Scan(removal::Scanned),
+}
+
+/// Reads and plans one declared target.
+fn read_one(
+    d: &DesiredTarget,
+    verify_full: bool,
+    undeclared: &removal::Undeclared,
+    read: &Read,
+) -> Result<TargetPlan, EngineError> {
+    let prune_models = undeclared.prune_models;
+    let reader =
+        timing::time("open target (includes login, ssh)", || read(d)).map_err(EngineError::Open)?;
+    let (d, facts, probes) = timing::time(read_phase(&d.target), || {
+        removal::read_target(d, reader.as_ref(), prune_models)
+    })?;
+    let mut target = timing::time("diff", || diff_target(&d, &facts))?;
+    let ways = super::fit::Ways {
+        prune_models,
+        allow_downtime: undeclared.allow_downtime,
+    };
+    timing::time("fit (hub listing)", || {
+        super::fit::check(&d, &facts, &mut target, ways, &super::fit::listed)
+    })?;
+    target.not_read = reader.not_read();
+    stamp(&mut target, &d, &facts, probes, verify_full, prune_models)?;
+    Ok(target)
 }
 
 /// The phase name of reading one target's facts.
@@ -343,14 +381,35 @@ fn read_again(t: &TargetPlan, reader: &dyn TargetReader) -> Result<TargetPlan, E
         .map_or((false, false), |r| (r.verify_full, r.prune_models));
     let (desired, facts, probes) = removal::read_target(&desired, reader, prune_models)?;
     let mut now = diff_target(&desired, &facts)?;
-    now.manages = removal::record(&desired, &facts);
-    now.read = Some(ReadStamp {
+    stamp(
+        &mut now,
+        &desired,
+        &facts,
+        probes,
+        verify_full,
+        prune_models,
+    )?;
+    Ok(now)
+}
+
+/// Records in `target`'s plan what its guest's record will hold and how it was read (the
+/// digest of the answers to `probes`, which a saved plan's apply compares).
+fn stamp(
+    target: &mut TargetPlan,
+    d: &DesiredTarget,
+    facts: &crate::resources::wire::Facts,
+    probes: Vec<crate::resources::wire::Probe>,
+    verify_full: bool,
+    prune_models: bool,
+) -> Result<(), EngineError> {
+    target.manages = removal::record(d, facts);
+    target.read = Some(ReadStamp {
         digest: facts.digest(&probes)?,
         probes,
         verify_full,
         prune_models,
     });
-    Ok(now)
+    Ok(())
 }
 
 /// A service that runs a fallback: target, unit, fallback name, notes.

@@ -32,51 +32,57 @@ pub struct Undeclared {
     pub allow_downtime: bool,
 }
 
-/// The containers provision created on `u.nodes` that no vmid of `u.declared` is, each
-/// planned as its own `container.<hostname>` target with one removal; the nodes whose
-/// listing could not be read, with why.
-pub fn containers(u: &Undeclared, read: &Read) -> (Vec<TargetPlan>, Vec<(Target, EngineError)>) {
+/// What the scan of one node found: the plans of the undeclared containers provision
+/// created there, and what could not be read, with why.
+pub type Scanned = (Vec<TargetPlan>, Vec<(Target, EngineError)>);
+
+/// The node's API, reached as any of its containers is (no spec: nothing declared).
+pub fn lister(node: &str) -> DesiredTarget {
+    DesiredTarget {
+        target: Target::Container {
+            node: node.to_string(),
+            name: format!("(containers on {node})"),
+            vmid: 0,
+        },
+        resources: Vec::new(),
+    }
+}
+
+/// The containers provision created on `node` (one of `u.nodes`) that no vmid of
+/// `u.declared` is, each planned as its own `container.<hostname>` target with one removal;
+/// the node when its listing could not be read, with why.
+pub fn scan(node: &str, u: &Undeclared, read: &Read) -> Scanned {
     let mut plans = Vec::new();
     let mut failures = Vec::new();
-    for node in &u.nodes {
-        // The node's API, reached as any of its containers is (no spec: nothing declared).
-        let lister = DesiredTarget {
-            target: Target::Container {
-                node: node.clone(),
-                name: format!("(containers on {node})"),
-                vmid: 0,
-            },
-            resources: Vec::new(),
-        };
-        let probe = Probe::PveCreated(crate::resources::container::PveCreatedProbe {
-            except: u.declared.clone(),
-        });
-        let found = read(&lister)
-            .map_err(EngineError::Open)
-            .and_then(|r| Ok(r.read(std::slice::from_ref(&probe))?))
-            .and_then(|facts| Ok(facts.pve_created(&probe)?.cloned()));
-        let created = match found {
-            Ok(c) => c.unwrap_or_default(),
-            Err(e) => {
-                failures.push((lister.target, e));
-                continue;
-            }
-        };
-        for (vmid, fact) in created {
-            if u.declared.contains(&vmid) {
-                continue;
-            }
-            match undeclared_plan(node, vmid, fact, u) {
-                Ok(p) => plans.push(p),
-                Err(e) => failures.push((
-                    Target::Container {
-                        node: node.clone(),
-                        name: vmid.to_string(),
-                        vmid,
-                    },
-                    e,
-                )),
-            }
+    let lister = lister(node);
+    let probe = Probe::PveCreated(crate::resources::container::PveCreatedProbe {
+        except: u.declared.clone(),
+    });
+    let found = read(&lister)
+        .map_err(EngineError::Open)
+        .and_then(|r| Ok(r.read(std::slice::from_ref(&probe))?))
+        .and_then(|facts| Ok(facts.pve_created(&probe)?.cloned()));
+    let created = match found {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => {
+            failures.push((lister.target, e));
+            return (plans, failures);
+        }
+    };
+    for (vmid, fact) in created {
+        if u.declared.contains(&vmid) {
+            continue;
+        }
+        match undeclared_plan(node, vmid, fact, u) {
+            Ok(p) => plans.push(p),
+            Err(e) => failures.push((
+                Target::Container {
+                    node: node.to_string(),
+                    name: vmid.to_string(),
+                    vmid,
+                },
+                e,
+            )),
         }
     }
     (plans, failures)
@@ -352,7 +358,7 @@ mod tests {
             owner: "/srv/inventory.yaml".into(),
             ..Undeclared::default()
         };
-        let (plans, failures) = containers(&u, &|_| Ok(Box::new(Listing(asked.clone()))));
+        let (plans, failures) = scan("lab", &u, &|_| Ok(Box::new(Listing(asked.clone()))));
         assert!(plans.is_empty() && failures.is_empty());
         assert_eq!(
             *asked.lock().unwrap(),
@@ -362,5 +368,64 @@ mod tests {
                 }
             )]
         );
+    }
+
+    /// The scan of a node for undeclared containers is a job of the plan's schedule: with
+    /// room for two reads it runs beside a declared target's read (which here waits for
+    /// the scan to be asked, an event, not a sleep); one read at a time, after them.
+    #[test]
+    fn the_scan_runs_beside_the_declared_reads_when_there_is_room() {
+        use crate::engine::schedule::Limits;
+        use std::sync::{Mutex, mpsc};
+        let u = Undeclared {
+            declared: vec![150],
+            nodes: vec!["lab".into()],
+            owner: "/srv/inventory.yaml".into(),
+            ..Undeclared::default()
+        };
+        let desired = [DesiredTarget {
+            target: Target::Guest {
+                name: "llm".into(),
+                address: "10.0.0.5".into(),
+            },
+            resources: Vec::new(),
+        }];
+        let run = |limits: Limits| -> Vec<&'static str> {
+            let order = Mutex::new(Vec::new());
+            let (asked, scan_asked) = mpsc::channel();
+            let asked = Mutex::new(asked);
+            let scan_asked = Mutex::new(scan_asked);
+            let asked_probes = std::sync::Arc::new(Mutex::new(Vec::new()));
+            let read = |d: &DesiredTarget| -> Result<Box<dyn TargetReader>, crate::engine::error::OpenError> {
+                if d.target == lister("lab").target {
+                    order.lock().unwrap().push("scan");
+                    asked.lock().unwrap().send(()).unwrap();
+                    return Ok(Box::new(Listing(asked_probes.clone())));
+                }
+                let waited = match limits.parallelism > 1 {
+                    true => scan_asked
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(std::time::Duration::from_secs(30))
+                        .is_ok(),
+                    false => false,
+                };
+                order
+                    .lock()
+                    .unwrap()
+                    .push(if waited { "declared, after the scan began" } else { "declared" });
+                Ok(Box::new(crate::access::EmptyWorld { not_read: None }))
+            };
+            let planned =
+                crate::engine::reconcile::plan("inv.yaml", &desired, false, &u, &limits, &read);
+            assert!(planned.failures.is_empty(), "{:?}", planned.failures);
+            assert_eq!(planned.plan.targets.len(), 1);
+            order.into_inner().unwrap()
+        };
+        assert_eq!(
+            run(Limits::default()),
+            ["scan", "declared, after the scan began"]
+        );
+        assert_eq!(run(Limits::serial()), ["declared", "scan"]);
     }
 }

@@ -128,9 +128,23 @@ pub fn read_on(
     vmid: u64,
     running: bool,
 ) -> Result<PveContainerFact, ProxmoxError> {
-    let base = format!("/nodes/{node}/lxc/{vmid}");
-    let conf = api.get(&format!("{base}/config"), &[("current", "1")])?;
-    let pending = api.get(&format!("{base}/pending"), &[])?;
+    let mut fact = read_config(api, node, vmid, running)?;
+    read_pending(api, node, vmid, &mut fact)?;
+    Ok(fact)
+}
+
+/// The config half of [`read_on`]: the current values, the digest and the raw `lxc.*`
+/// lines (one call), no pending values.
+fn read_config(
+    api: &ApiReader,
+    node: &str,
+    vmid: u64,
+    running: bool,
+) -> Result<PveContainerFact, ProxmoxError> {
+    let conf = api.get(
+        &format!("/nodes/{node}/lxc/{vmid}/config"),
+        &[("current", "1")],
+    )?;
     let mut fact = PveContainerFact {
         running,
         digest: conf["digest"].as_str().unwrap_or("").to_string(),
@@ -153,6 +167,17 @@ pub fn read_on(
             }
         }
     }
+    Ok(fact)
+}
+
+/// The pending half of [`read_on`]: the values set and deleted that wait for a restart.
+fn read_pending(
+    api: &ApiReader,
+    node: &str,
+    vmid: u64,
+    fact: &mut PveContainerFact,
+) -> Result<(), ProxmoxError> {
+    let pending = api.get(&format!("/nodes/{node}/lxc/{vmid}/pending"), &[])?;
     for item in pending.as_array().into_iter().flatten() {
         let Some(key) = item["key"].as_str() else {
             continue;
@@ -164,7 +189,7 @@ pub fn read_on(
             fact.pending_delete.push(key.to_string());
         }
     }
-    Ok(fact)
+    Ok(())
 }
 
 /// How long a create task found running is waited for.
@@ -582,19 +607,25 @@ pub fn created(
         if except.contains(vmid) {
             continue;
         }
-        let fact = match read(api, *vmid, *running) {
+        // The config alone says whose it is; only this inventory's are read whole.
+        let gone = |e: &ProxmoxError| {
+            matches!(e, ProxmoxError::Api { message, .. }
+                if message.contains("Configuration file") && message.contains("does not exist"))
+        };
+        let mut fact = match read_config(api, &api.node, *vmid, *running) {
             // Destroyed since it was listed (Proxmox: "Configuration file ... does not
             // exist"): not there, so nothing to name.
-            Err(ProxmoxError::Api { message, .. })
-                if message.contains("Configuration file") && message.contains("does not exist") =>
-            {
-                continue;
-            }
+            Err(e) if gone(&e) => continue,
             other => other?,
         };
-        if marker_created(&fact, *vmid, owner).is_some() {
-            out.insert(*vmid, fact);
+        if marker_created(&fact, *vmid, owner).is_none() {
+            continue;
         }
+        match read_pending(api, &api.node, *vmid, &mut fact) {
+            Err(e) if gone(&e) => continue,
+            other => other?,
+        }
+        out.insert(*vmid, fact);
     }
     Ok(out)
 }
