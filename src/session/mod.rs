@@ -275,6 +275,9 @@ pub struct Session<'a, A> {
     /// Containers this apply creates or replaces: their guests are bootstrapped and
     /// their new host keys trusted.
     created: Mutex<BTreeSet<u64>>,
+    /// Guest logins started before their node's listing said whether the container runs
+    /// (see [`Self::log_in_ahead`]), by container name, taken by the first login of each.
+    ahead: Mutex<HashMap<String, std::thread::JoinHandle<Result<Pool, TransportError>>>>,
 }
 
 /// Read access for `plan`, `check` and `history`, and nothing else.
@@ -304,6 +307,7 @@ impl<'a, A: Api> Session<'a, A> {
             guest_early: Slots::default(),
             listed_nodes: Mutex::new(BTreeSet::new()),
             created: Mutex::new(BTreeSet::new()),
+            ahead: Mutex::new(HashMap::new()),
         }
     }
 
@@ -436,8 +440,7 @@ impl<'a, A: Api> Session<'a, A> {
                         continue;
                     }
                     let login_and_read = |view| {
-                        self.guest_ssh
-                            .prime(name, || ssh::guest_pool(self.loaded, name, &self.settings));
+                        self.guest_ssh.prime(name, || self.guest_login(name));
                         early_of(name).and_then(|d| self.read_early(name, d, view))
                     };
                     if !in_guest(name, ct) {
@@ -553,13 +556,16 @@ impl<'a, A: Api> Session<'a, A> {
         self.gpu_seen.get(&key, read)
     }
 
-    /// Forgets what [`Self::prime`] could not make and no read asked for.
+    /// Forgets what [`Self::prime`] and [`Self::log_in_ahead`] made and no read took.
     fn forget_failed_primes(&self) {
         self.listings.forget_failed_primes();
         self.guest_ssh.forget_failed_primes();
         self.gpu_seen.forget_failed_primes();
         // An early read is the plan's: a later read (apply's checks) reads the guest.
         self.guest_early.forget_all();
+        // A login started ahead and not taken was to a container that does not run: it
+        // is left to end on its own thread (joining could wait for a connect timeout).
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// A reader of `d`'s target: the agent for a guest (through the node when it does not
@@ -669,10 +675,66 @@ impl<'a, A: Api> Session<'a, A> {
     /// The SSH to the guest of container `name`: the session's pool, logged in once.
     /// Private to the session, as `node_ssh` is.
     fn guest_ssh(&self, name: &str) -> Result<Arc<dyn Transport>, SessionError> {
-        let pool = self
-            .guest_ssh
-            .get(name, || ssh::guest_pool(self.loaded, name, &self.settings))?;
+        let pool = self.guest_ssh.get(name, || self.guest_login(name))?;
         Ok(Pool::transport(&pool))
+    }
+
+    /// Logs in to guest `name`: the login started ahead for it when there is one (the
+    /// same login, made while its node's listing was read), else a new one.
+    fn guest_login(&self, name: &str) -> Result<Pool, SessionError> {
+        let ahead = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        match ahead.map(std::thread::JoinHandle::join) {
+            Some(Ok(made)) => Ok(made?),
+            // Not started, or its thread panicked: log in here.
+            _ => ssh::guest_pool(self.loaded, name, &self.settings),
+        }
+    }
+
+    /// Starts, on threads of their own, the SSH login of each guest `wanted` whose
+    /// container `wanted` too, so its node's listing (which says whether the container
+    /// runs, and which a guest's read waits for) and the login take the time of one, not
+    /// both. Only where `known_hosts` already holds every key on the way, so a login whose
+    /// container turns out not to run (its address silent or someone else's) writes
+    /// nothing; such a login is never taken, and ends with its thread.
+    pub fn log_in_ahead(&self, wanted: &dyn Fn(&Target) -> bool) {
+        for (node_name, node) in &self.loaded.inventory.nodes {
+            if self.listings.made(node_name.as_str()).is_some() {
+                continue;
+            }
+            for (name, ct) in &node.containers {
+                let container = Target::Container {
+                    node: node_name.to_string(),
+                    name: name.to_string(),
+                    vmid: ct.vmid.value,
+                };
+                let guest = Target::Guest {
+                    name: name.to_string(),
+                    address: String::new(),
+                };
+                if !wanted(&container)
+                    || !wanted(&guest)
+                    || self.guest_ssh.made(name.as_str()).is_some()
+                {
+                    continue;
+                }
+                let Ok(opts) = ssh::guest_options(self.loaded, name.as_str(), &self.settings)
+                else {
+                    continue;
+                };
+                if !crate::transport::ssh::hosts_known(&opts) {
+                    continue;
+                }
+                let login = std::thread::spawn(move || Pool::open(opts));
+                self.ahead
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.to_string(), login);
+            }
+        }
     }
 
     /// The node's SSH when a node target's resources need the agent there (templates go

@@ -65,6 +65,9 @@ impl<'a, A: Api> Session<'a, A> {
         let wanted = |t: &Target| selected(t, &options.targets);
         let facts_read = AtomicBool::new(false);
         let waits = options.limits.parallelism > 1 && self.reads_gpu_facts(&wanted);
+        if options.limits.parallelism > 1 {
+            self.log_in_ahead(&wanted);
+        }
         let planned = std::thread::scope(|s| {
             if waits {
                 s.spawn(|| {

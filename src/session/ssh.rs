@@ -20,18 +20,22 @@ pub(super) fn guest_pool(
     name: &str,
     settings: &Settings,
 ) -> Result<Pool, SessionError> {
+    Ok(Pool::open(guest_options(loaded, name, settings)?)?)
+}
+
+/// How container `name`'s guest is reached by SSH (see [`guest_pool`]).
+pub(super) fn guest_options(
+    loaded: &Loaded,
+    name: &str,
+    settings: &Settings,
+) -> Result<SshOptions, SessionError> {
     let ct = loaded
         .inventory
         .nodes
         .values()
         .find_map(|n| n.containers.get(name))
         .ok_or_else(|| Diagnostic::new(format!("no container `{name}` in the inventory")))?;
-    Ok(Pool::open(options(
-        guest_address(name, ct)?,
-        &ct.ssh,
-        loaded,
-        settings,
-    ))?)
+    Ok(options(guest_address(name, ct)?, &ct.ssh, loaded, settings))
 }
 
 /// Where container `name`'s guest is reached by SSH.

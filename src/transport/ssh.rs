@@ -213,20 +213,41 @@ impl SshTransport {
     }
 }
 
+/// The `known_hosts` file `opts` check host keys against.
+fn known_hosts_path(opts: &SshOptions) -> Result<PathBuf, TransportError> {
+    match &opts.known_hosts {
+        Some(p) => Ok(expand_tilde(p)),
+        None => home()
+            .map(|h| h.join(".ssh/known_hosts"))
+            .ok_or_else(|| TransportError::Config {
+                target: opts.host.clone(),
+                reason: "no known_hosts file given and HOME is unset".into(),
+            }),
+    }
+}
+
+/// Whether `known_hosts` already holds a key for every server on the way to `opts`'s
+/// target (its jump hosts, then itself): a login as `opts` say then adds nothing to the
+/// file, whatever their host key policy (a key it holds either matches or is refused).
+pub fn hosts_known(opts: &SshOptions) -> bool {
+    let (Ok(route), Ok(path)) = (config::resolve(opts), known_hosts_path(opts)) else {
+        return false;
+    };
+    let Ok(known) = KnownHosts::load(&path) else {
+        return false;
+    };
+    route
+        .jumps
+        .iter()
+        .chain(std::iter::once(&route.target))
+        .all(|hop| !known.known_types(&hop.host, hop.port).is_empty())
+}
+
 /// Makes one connection as `opts` say: through the jump hosts, host keys checked, logged
 /// in. Returns it and the target's description.
 fn open(opts: &SshOptions) -> Result<(Conn, String), TransportError> {
     let route = config::resolve(opts)?;
-    let known_path =
-        match &opts.known_hosts {
-            Some(p) => expand_tilde(p),
-            None => home().map(|h| h.join(".ssh/known_hosts")).ok_or_else(|| {
-                TransportError::Config {
-                    target: opts.host.clone(),
-                    reason: "no known_hosts file given and HOME is unset".into(),
-                }
-            })?,
-        };
+    let known_path = known_hosts_path(opts)?;
     let mut known = KnownHosts::load(&known_path).map_err(|e| TransportError::Config {
         target: opts.host.clone(),
         reason: format!("cannot read {}: {e}", known_path.display()),

@@ -410,3 +410,70 @@ fn a_container_on_another_node_of_its_cluster_is_drift_naming_both_nodes() {
     assert!(out.contains("1 to add"), "{out}");
     assert!(!out.contains(&format!("node `{other}`")), "{out}");
 }
+
+/// "Accepted publickey" lines in `ct`'s sshd journal, read without logging in.
+fn accepted(ct: &TestContainer) -> usize {
+    let out = ct
+        .exec(&["journalctl", "-u", "ssh", "--no-pager", "-o", "cat"])
+        .expect("the container's sshd journal");
+    String::from_utf8_lossy(&out.stdout)
+        .matches("Accepted publickey")
+        .count()
+}
+
+/// A guest's login starts before its node's listing says whether its container runs, but
+/// only where known_hosts already holds every key on the way: a guest whose container is
+/// not there, at an address another host answers, is planned as new with no login to that
+/// host and nothing added to known_hosts, even with --accept-new-host-keys. (A second,
+/// real guest read in the same check keeps provision running past the time such a login
+/// would take.)
+#[test]
+fn a_guest_whose_container_is_not_there_is_not_logged_in_to_ahead() {
+    let lab = lab();
+    let dir = tempfile::tempdir().unwrap();
+    let cts = containers(&lab, vec![guest_spec(), guest_spec()]);
+    let (other, real) = (&cts[0], &cts[1]);
+    let path = inventory(
+        &lab,
+        dir.path(),
+        &[("gone", other, "small"), ("real", real, "small")],
+        false,
+    );
+    // The other container's address, at a vmid no container has.
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(&format!("vmid: {}", other.vmid), "vmid: 9297")
+        .replace(&format!("hostname: ct{}", other.vmid), "hostname: ct9297");
+    std::fs::write(&path, text).unwrap();
+    let before = accepted(other);
+    let (_, err) = expect(
+        &lab,
+        dir.path(),
+        &[
+            "check",
+            "-v",
+            "--target",
+            "container.gone",
+            "--target",
+            "guest.gone",
+            "--target",
+            "container.real",
+            "--target",
+            "guest.real",
+        ],
+        2,
+    );
+    assert!(err.contains("CT 9297 does not exist yet"), "{err}");
+    assert!(err.contains("guest.real: 1 SSH login(s)"), "{err}");
+    assert!(!err.contains("guest.gone: 1 SSH login(s)"), "{err}");
+    assert_eq!(
+        accepted(other),
+        before,
+        "no login to the host at that address"
+    );
+    let known = std::fs::read_to_string(dir.path().join("known_hosts")).unwrap_or_default();
+    assert!(
+        !known.contains(&other.ip.to_string()),
+        "nothing added to known_hosts for that address: {known}"
+    );
+}
