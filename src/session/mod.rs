@@ -699,8 +699,12 @@ impl<'a, A: Api> Session<'a, A> {
     /// runs, and which a guest's read waits for) and the login take the time of one, not
     /// both. Only where `known_hosts` already holds every key on the way, so a login whose
     /// container turns out not to run (its address silent or someone else's) writes
-    /// nothing; such a login is never taken, and ends with its thread.
-    pub fn log_in_ahead(&self, wanted: &dyn Fn(&Target) -> bool) {
+    /// nothing; such a login is never taken, and ends with its thread. At most `max` at
+    /// once, as `--parallelism` allows reads (guests behind one jump host would otherwise
+    /// crowd its sshd's unauthenticated connections, `MaxStartups`); the others log in
+    /// when their read comes.
+    pub fn log_in_ahead(&self, wanted: &dyn Fn(&Target) -> bool, max: usize) {
+        let mut started = 0;
         for (node_name, node) in &self.loaded.inventory.nodes {
             if self.listings.made(node_name.as_str()).is_some() {
                 continue;
@@ -715,6 +719,9 @@ impl<'a, A: Api> Session<'a, A> {
                     name: name.to_string(),
                     address: String::new(),
                 };
+                if started == max {
+                    return;
+                }
                 if !wanted(&container)
                     || !wanted(&guest)
                     || self.guest_ssh.made(name.as_str()).is_some()
@@ -728,6 +735,7 @@ impl<'a, A: Api> Session<'a, A> {
                 if !crate::transport::ssh::hosts_known(&opts) {
                     continue;
                 }
+                started += 1;
                 let login = std::thread::spawn(move || Pool::open(opts));
                 self.ahead
                     .lock()

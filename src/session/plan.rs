@@ -66,7 +66,7 @@ impl<'a, A: Api> Session<'a, A> {
         let facts_read = AtomicBool::new(false);
         let waits = options.limits.parallelism > 1 && self.reads_gpu_facts(&wanted);
         if options.limits.parallelism > 1 {
-            self.log_in_ahead(&wanted);
+            self.log_in_ahead(&wanted, options.limits.parallelism);
         }
         let planned = std::thread::scope(|s| {
             if waits {
