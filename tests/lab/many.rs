@@ -445,7 +445,15 @@ fn a_guest_whose_container_is_not_there_is_not_logged_in_to_ahead() {
         .replace(&format!("vmid: {}", other.vmid), "vmid: 9297")
         .replace(&format!("hostname: ct{}", other.vmid), "hostname: ct9297");
     std::fs::write(&path, text).unwrap();
-    let before = accepted(other);
+    // The testkit's own login (its wait for SSH) is in the journal before counting from it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let before = loop {
+        let n = accepted(other);
+        if n >= 1 || std::time::Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     let (_, err) = expect(
         &lab,
         dir.path(),
