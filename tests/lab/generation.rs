@@ -425,10 +425,17 @@ fn bench_switch_between_two_built_generations() {
     }
 }
 
-/// How a kill point is reached: a line the apply prints, or a hold inside the switch
-/// (`generations::target::HOLD_DIR`: the switch waits at that point while a file exists).
+/// How a kill point is reached: a line the apply prints, a process the run starts on the
+/// target, or a hold inside the switch (`generations::target::HOLD_DIR`: the switch waits
+/// at that point while a file exists).
 enum At {
     Line(&'static str),
+    /// A process whose command line matches (`pgrep -f`, a regular expression written so
+    /// that it does not match itself): the guest itself kills the run once it appears, so
+    /// the kill lands while that process runs. A line (printed when its
+    /// step starts, seen here after the stream and the test's poll) is killed only after an
+    /// SSH round trip, by which time a loaded run may be steps further.
+    Process(&'static str),
     Hold(&'static str),
 }
 
@@ -453,8 +460,19 @@ impl Lab {
 
     /// Asserts that the server serves, on one whole generation: the unit of a revision on
     /// that revision's venv (`venvs`: revision -> venv, of the generations switched to).
-    fn serves_one_generation(&self, name: &str, when: &str, venvs: &[(String, String)]) {
-        assert!(self.wait_serving(), "{name}: nothing serves {when}");
+    /// `why` is what the kill left (the apply's output, the unit's states), for the message.
+    fn serves_one_generation(
+        &self,
+        name: &str,
+        when: &str,
+        venvs: &[(String, String)],
+        why: &dyn Fn() -> String,
+    ) {
+        assert!(
+            self.wait_serving(),
+            "{name}: nothing serves {when}\n{}",
+            why()
+        );
         let (unit_rev, venv) = self.running_generation();
         let want = venvs
             .iter()
@@ -463,7 +481,8 @@ impl Lab {
         assert_eq!(
             want,
             Some(venv.as_str()),
-            "{name}: {when}, the unit of revision {unit_rev} runs on {venv}: not one generation"
+            "{name}: {when}, the unit of revision {unit_rev} runs on {venv}: not one generation\n{}",
+            why()
         );
     }
 }
@@ -481,7 +500,7 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
     let points = [
         (
             "pip install -e of the new generation",
-            At::Line("pip install -e /root/.provision-generations/"),
+            At::Process("[ ]-e /root/.provision-generations/sglang-main-"),
         ),
         ("the switch's start", At::Line("switch /root/ml-env")),
         ("the units pinned", At::Hold("pinned")),
@@ -507,6 +526,7 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
                 "mkdir -p /run/provision/hold-switch && touch /run/provision/hold-switch/{point}"
             ));
         }
+        let running = l.venv_link();
         let err_path = l.g.dir.path().join("kill.err");
         let mut child = Provision::new(["apply", "--yes", "--target", "guest.t"])
             .known_hosts(&l.g.dir.path().join("known_hosts"), false)
@@ -524,6 +544,13 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
                 At::Line(line) => std::fs::read_to_string(&err_path)
                     .unwrap_or_default()
                     .contains(line),
+                At::Process(pattern) => l
+                    .g
+                    .sh(&format!(
+                        "timeout 120 sh -c 'until pgrep -f -- \"$0\" >/dev/null; do sleep 0.02; done; \
+                         systemctl kill --signal=KILL \"provision-apply-*\"; echo killed' '{pattern}' || true"
+                    ))
+                    .contains("killed"),
                 At::Hold(point) => {
                     l.g.sh(&format!(
                         "test -e /run/provision/hold-switch/{point}.reached && echo y || true"
@@ -544,8 +571,14 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         child.kill().unwrap();
         child.wait().unwrap();
         l.g.sh("systemctl kill --signal=KILL 'provision-apply-*' 2>/dev/null; rm -rf /run/provision/hold-switch; true");
-        // The stable paths are links to built folders.
+        // The stable paths are links to built folders; a build killed switched nothing.
         let venv = l.venv_link();
+        if let At::Process(_) = at {
+            assert_eq!(
+                venv, running,
+                "{name}: the kill in the build moved the link"
+            );
+        }
         assert!(
             venv.starts_with("/root/.provision-generations/"),
             "{name}: {venv}"
@@ -555,10 +588,16 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         ));
         // A restart by hand (systemd's loaded unit) and a boot (the unit on disk) each
         // start one whole generation.
+        let killed = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let state = l.g.sh(
+            "ls -l /root/ml-env /root/sglang-main; systemctl cat sglang-qwen.service; \
+             journalctl --no-pager -o short-precise -u 'provision-apply-*' -u sglang-qwen.service | tail -n 60",
+        );
+        let why = || format!("the apply killed:\n{killed}\nthe guest after the kill:\n{state}");
         l.g.sh("systemctl reset-failed sglang-qwen.service; systemctl restart sglang-qwen.service");
-        l.serves_one_generation(name, "after a restart by hand", &venvs);
+        l.serves_one_generation(name, "after a restart by hand", &venvs, &why);
         l.g.reboot();
-        l.serves_one_generation(name, "after a reboot", &venvs);
+        l.serves_one_generation(name, "after a reboot", &venvs, &why);
         // The next apply converges, and gates what it switched to.
         l.g.expect(&["apply", "--yes"], 0);
         if !venvs.iter().any(|(r, _)| r == rev) {
