@@ -591,7 +591,7 @@ fn kill_9_at_each_step_of_a_switch_leaves_one_generation_that_starts() {
         let killed = std::fs::read_to_string(&err_path).unwrap_or_default();
         let state = l.g.sh(
             "ls -l /root/ml-env /root/sglang-main; systemctl cat sglang-qwen.service; \
-             journalctl --no-pager -o short-precise -u 'provision-apply-*' -u sglang-qwen.service | tail -n 60",
+             journalctl --no-pager -o short-precise -u 'provision-apply-*' -u sglang-qwen.service | tail -n 60 | cut -c1-300",
         );
         let why = || format!("the apply killed:\n{killed}\nthe guest after the kill:\n{state}");
         l.g.sh("systemctl reset-failed sglang-qwen.service; systemctl restart sglang-qwen.service");
