@@ -98,9 +98,19 @@ pub struct ApiTarget<A = NodeApi> {
     api: Arc<A>,
     specs: Vec<ContainerSpec>,
     listed: Option<Arc<Listing>>,
-    cluster: bool,
-    placed: Option<Arc<Placements>>,
+    cluster: Cluster,
     owner: String,
+}
+
+/// Whether a container target's node is in a cluster, and where the cluster's containers
+/// are when that was read before.
+enum Cluster {
+    /// In no cluster: a container is looked for on its node only.
+    Alone,
+    /// A member: a container is looked for on every node (one `/cluster/resources`).
+    Member,
+    /// A member whose cluster's placements were read earlier in the same session.
+    Placed(Arc<Placements>),
 }
 
 /// Where the cluster says each of its containers is, by vmid (one `/cluster/resources`).
@@ -116,8 +126,7 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
             api,
             specs,
             listed: None,
-            cluster: false,
-            placed: None,
+            cluster: Cluster::Alone,
             owner: String::new(),
         }
     }
@@ -141,17 +150,18 @@ impl<A: AsRef<ApiReader>> ApiTarget<A> {
     /// `/cluster/resources` call), and one found on another node than declared is read
     /// there and marked misplaced.
     pub fn in_cluster(mut self, cluster: bool) -> Self {
-        self.cluster = cluster;
+        self.cluster = if cluster {
+            Cluster::Member
+        } else {
+            Cluster::Alone
+        };
         self
     }
 
     /// A member of a cluster whose placements were read earlier in the same session:
     /// one `/cluster/resources` for every container target of the cluster, not one each.
-    pub fn placed_by(mut self, placements: Option<Arc<Placements>>) -> Self {
-        if placements.is_some() {
-            self.cluster = true;
-        }
-        self.placed = placements;
+    pub fn placed_by(mut self, placements: Arc<Placements>) -> Self {
+        self.cluster = Cluster::Placed(placements);
         self
     }
 }
@@ -177,14 +187,14 @@ impl<A: AsRef<ApiReader>> TargetReader for ApiTarget<A> {
         };
         // Only a container's own read looks for it on the other nodes (the scan for
         // undeclared containers reads its node's listing alone).
-        let placed = match (&self.placed, self.cluster) {
+        let placed = match &self.cluster {
             _ if !probes.iter().any(|p| matches!(p, Probe::PveContainer(_))) => None,
-            (Some(placed), _) => Some(placed.clone()),
-            (None, true) => Some(Arc::new(
+            Cluster::Placed(placed) => Some(placed.clone()),
+            Cluster::Member => Some(Arc::new(
                 crate::proxmox::cluster::containers(api)
                     .map_err(|e| boxed(ContainerError::from(e)))?,
             )),
-            (None, false) => None,
+            Cluster::Alone => None,
         };
         let mut out = HashMap::new();
         for p in probes {

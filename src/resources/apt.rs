@@ -30,6 +30,10 @@ impl AptSpec {
 }
 
 impl Resource for AptSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "apt"
     }

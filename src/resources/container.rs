@@ -363,6 +363,10 @@ impl ContainerSpec {
 }
 
 impl Resource for ContainerSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Container
+    }
+
     fn kind(&self) -> &'static str {
         "container"
     }

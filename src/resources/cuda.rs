@@ -25,6 +25,10 @@ pub struct CudaSpec {
 }
 
 impl Resource for CudaSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "cuda_toolkit"
     }

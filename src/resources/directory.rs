@@ -27,6 +27,10 @@ pub struct DirectorySpec {
 }
 
 impl Resource for DirectorySpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "directory"
     }

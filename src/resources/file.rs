@@ -39,6 +39,10 @@ impl FileSpec {
 }
 
 impl Resource for FileSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "file"
     }

@@ -64,6 +64,10 @@ impl GenerationSpec {
 }
 
 impl Resource for GenerationSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "generation"
     }

@@ -24,6 +24,10 @@ pub struct GitCheckoutSpec {
 }
 
 impl Resource for GitCheckoutSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "git_checkout"
     }

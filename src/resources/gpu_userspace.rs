@@ -114,6 +114,10 @@ impl GpuUserspaceSpec {
 }
 
 impl Resource for GpuUserspaceSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "gpu_userspace"
     }

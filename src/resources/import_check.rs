@@ -81,6 +81,10 @@ impl ImportCheckSpec {
 }
 
 impl Resource for ImportCheckSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "import_check"
     }

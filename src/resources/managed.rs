@@ -240,6 +240,15 @@ pub fn kept_note(path: &str, bytes: u64) -> String {
 }
 
 impl Resource for Removal {
+    /// A container no longer declared is destroyed through its node's API; so are lines
+    /// in its config a role no longer declared had provision write. The rest is the guest's.
+    fn target(&self) -> crate::resources::TargetKind {
+        match self.entry {
+            Entry::Container { .. } | Entry::PveLines { .. } => crate::resources::TargetKind::Container,
+            _ => crate::resources::TargetKind::Guest,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         self.entry.kind()
     }

@@ -2,32 +2,11 @@
 //! serializable into the plan) implementing [`Resource`]: the probes it needs read and a
 //! pure `diff` against their answers.
 
-pub mod apt;
-pub mod apt_source;
 pub mod config_edit;
-pub mod container;
-pub mod cuda;
-pub mod directory;
-pub mod file;
-pub mod generation;
-pub mod git_checkout;
 pub mod gpu_seen;
-pub mod gpu_userspace;
 pub mod holders;
-pub mod import_check;
-pub mod managed;
-pub mod model;
-pub mod model_storage;
-pub mod nvidia_host;
 pub mod op;
-pub mod pip_editable;
-pub mod pip_packages;
-pub mod pve_lines;
-pub mod service;
-pub mod template;
 pub mod undeclared;
-pub mod uv;
-pub mod venv;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};
@@ -35,55 +14,78 @@ use serde::{Deserialize, Serialize};
 use crate::plan::{Action, Attribute, Change};
 use wire::{Facts, NotRead, Probe};
 
-/// Every kind of resource, tagged by `kind` as roles and plans write it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ResourceSpec {
+/// Every kind, one line each: its module (`pub mod`), its variant of [`ResourceSpec`] (the
+/// `kind` roles and plans write, in snake case) and the spec type, which implements
+/// [`Resource`]. Adding a kind is its own file and one line here (and its wire types'
+/// lines in `wire!`, `wire/mod.rs`); every dispatch goes through [`Resource`].
+macro_rules! kinds {
+    ( $( $(#[$doc:meta])* $module:ident => $variant:ident($spec:ty), )* ) => {
+        $( pub mod $module; )*
+
+        /// Every kind of resource, tagged by `kind` as roles and plans write it.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind", rename_all = "snake_case")]
+        pub enum ResourceSpec {
+            $( $(#[$doc])* $variant($spec), )*
+        }
+
+        impl ResourceSpec {
+            /// The spec as its [`Resource`].
+            pub fn resource(&self) -> &dyn Resource {
+                match self {
+                    $( ResourceSpec::$variant(r) => r, )*
+                }
+            }
+        }
+    };
+}
+
+kinds! {
     /// A file with content from a template or inline.
-    File(file::FileSpec),
+    file => File(file::FileSpec),
     /// A directory.
-    Directory(directory::DirectorySpec),
+    directory => Directory(directory::DirectorySpec),
     /// Debian packages, installed in one transaction.
-    Apt(apt::AptSpec),
+    apt => Apt(apt::AptSpec),
     /// An APT repository (deb822), keyed by a pinned signing key.
-    AptSource(apt_source::AptSourceSpec),
+    apt_source => AptSource(apt_source::AptSourceSpec),
     /// A CUDA toolkit at a home with a release.
-    CudaToolkit(cuda::CudaSpec),
+    cuda => CudaToolkit(cuda::CudaSpec),
     /// A Python venv.
-    Venv(venv::VenvSpec),
+    venv => Venv(venv::VenvSpec),
     /// Pinned packages in a venv.
-    PipPackages(pip_packages::PipPackagesSpec),
+    pip_packages => PipPackages(pip_packages::PipPackagesSpec),
     /// A git checkout at a commit.
-    GitCheckout(git_checkout::GitCheckoutSpec),
+    git_checkout => GitCheckout(git_checkout::GitCheckoutSpec),
     /// A source folder installed editable into a venv.
-    PipEditable(pip_editable::PipEditableSpec),
+    pip_editable => PipEditable(pip_editable::PipEditableSpec),
     /// A Hugging Face model in a folder, verified.
-    Model(model::ModelSpec),
+    model => Model(model::ModelSpec),
     /// A systemd service: enabled, running, restarted when what it depends on changes,
     /// and health-gated.
-    Service(Box<service::ServiceSpec>),
+    service => Service(Box<service::ServiceSpec>),
     /// A container's Proxmox configuration.
-    Container(container::ContainerSpec),
+    container => Container(container::ContainerSpec),
     /// Lines in a container's Proxmox config that only root may set (device passthrough,
     /// raw `lxc.*` keys).
-    PveLines(pve_lines::PveLinesSpec),
+    pve_lines => PveLines(pve_lines::PveLinesSpec),
     /// The node's model storage (a ZFS dataset or a directory).
-    ModelStorage(model_storage::ModelStorageSpec),
+    model_storage => ModelStorage(model_storage::ModelStorageSpec),
     /// A container template in the node's storage.
-    Template(template::TemplateSpec),
+    template => Template(template::TemplateSpec),
     /// The node's NVIDIA driver side.
-    NvidiaHost(nvidia_host::NvidiaHostSpec),
+    nvidia_host => NvidiaHost(nvidia_host::NvidiaHostSpec),
     /// The NVIDIA userspace driver in a GPU container, at the node's module version.
-    GpuUserspace(gpu_userspace::GpuUserspaceSpec),
+    gpu_userspace => GpuUserspace(gpu_userspace::GpuUserspaceSpec),
     /// The stack's modules imported in a venv, and a C helper compiled against Python.h.
-    ImportCheck(import_check::ImportCheckSpec),
+    import_check => ImportCheck(import_check::ImportCheckSpec),
     /// Something provision made on a guest that is no longer declared (from the guest's
     /// record): a `-` change while it is there.
-    Removed(managed::Removal),
+    managed => Removed(managed::Removal),
     /// An ml-env's stable paths pointing at its declared generation, built beside.
-    Generation(generation::GenerationSpec),
+    generation => Generation(generation::GenerationSpec),
     /// uv, pushed to the target to build the ml-env.
-    Uv(uv::UvSpec),
+    uv => Uv(uv::UvSpec),
 }
 
 /// How a resource differs from what was read.
@@ -182,6 +184,9 @@ impl Delta {
 pub trait Resource {
     /// The kind, as roles and plans spell it.
     fn kind(&self) -> &'static str;
+    /// Which target it lives on. Every kind says (no default: a new kind cannot fall to
+    /// the guest by omission).
+    fn target(&self) -> TargetKind;
     /// What it is called on its target (a path, a unit, a package set).
     fn name(&self) -> String;
     /// The reads it needs; the engine batches them per target.
@@ -198,6 +203,31 @@ pub trait Resource {
     /// An `Err` says what cannot be done (a refusal, a secret not readable); apply refuses
     /// the whole plan first.
     fn ops(&self, change: &Change, allowed: &op::Allowed) -> Result<Vec<op::Op>, StepsError>;
+}
+
+/// A kind boxed in [`ResourceSpec`] (a large spec, e.g. a service's) is its spec.
+impl<T: Resource + ?Sized> Resource for Box<T> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn target(&self) -> TargetKind {
+        (**self).target()
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn probes(&self) -> Vec<Probe> {
+        (**self).probes()
+    }
+    fn diff(&self, facts: &Facts) -> Result<Option<Delta>, NotRead> {
+        (**self).diff(facts)
+    }
+    fn warnings(&self, facts: &Facts) -> Vec<String> {
+        (**self).warnings(facts)
+    }
+    fn ops(&self, change: &Change, allowed: &op::Allowed) -> Result<Vec<op::Op>, StepsError> {
+        (**self).ops(change, allowed)
+    }
 }
 
 /// Why a change has no operations.
@@ -224,67 +254,9 @@ pub enum TargetKind {
 }
 
 impl ResourceSpec {
-    /// The spec as its [`Resource`].
-    pub fn resource(&self) -> &dyn Resource {
-        match self {
-            ResourceSpec::File(r) => r,
-            ResourceSpec::Directory(r) => r,
-            ResourceSpec::Apt(r) => r,
-            ResourceSpec::AptSource(r) => r,
-            ResourceSpec::CudaToolkit(r) => r,
-            ResourceSpec::Venv(r) => r,
-            ResourceSpec::PipPackages(r) => r,
-            ResourceSpec::GitCheckout(r) => r,
-            ResourceSpec::PipEditable(r) => r,
-            ResourceSpec::Model(r) => r,
-            ResourceSpec::Service(r) => r.as_ref(),
-            ResourceSpec::Container(r) => r,
-            ResourceSpec::PveLines(r) => r,
-            ResourceSpec::ModelStorage(r) => r,
-            ResourceSpec::Template(r) => r,
-            ResourceSpec::NvidiaHost(r) => r,
-            ResourceSpec::GpuUserspace(r) => r,
-            ResourceSpec::ImportCheck(r) => r,
-            ResourceSpec::Removed(r) => r,
-            ResourceSpec::Generation(r) => r,
-            ResourceSpec::Uv(r) => r,
-        }
-    }
-
-    /// Which target it lives on (every kind says: a new one cannot default to the guest).
+    /// Which target it lives on (its kind's [`Resource::target`]).
     pub fn target_kind(&self) -> TargetKind {
-        match self {
-            ResourceSpec::Container(_) | ResourceSpec::PveLines(_) => TargetKind::Container,
-            // A container no longer declared is destroyed through its node's API.
-            // So are lines in its config a role no longer declared had provision write.
-            ResourceSpec::Removed(r)
-                if matches!(
-                    r.entry,
-                    managed::Entry::Container { .. } | managed::Entry::PveLines { .. }
-                ) =>
-            {
-                TargetKind::Container
-            }
-            ResourceSpec::ModelStorage(_)
-            | ResourceSpec::Template(_)
-            | ResourceSpec::NvidiaHost(_) => TargetKind::Node,
-            ResourceSpec::File(_)
-            | ResourceSpec::Directory(_)
-            | ResourceSpec::Apt(_)
-            | ResourceSpec::AptSource(_)
-            | ResourceSpec::CudaToolkit(_)
-            | ResourceSpec::Venv(_)
-            | ResourceSpec::PipPackages(_)
-            | ResourceSpec::GitCheckout(_)
-            | ResourceSpec::PipEditable(_)
-            | ResourceSpec::Model(_)
-            | ResourceSpec::Service(_)
-            | ResourceSpec::GpuUserspace(_)
-            | ResourceSpec::ImportCheck(_)
-            | ResourceSpec::Removed(_)
-            | ResourceSpec::Generation(_)
-            | ResourceSpec::Uv(_) => TargetKind::Guest,
-        }
+        self.resource().target()
     }
 
     /// `kind:name`, unique on its target.

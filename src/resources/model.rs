@@ -39,6 +39,10 @@ fn is_commit(revision: &str) -> bool {
 }
 
 impl Resource for ModelSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "model"
     }

@@ -202,6 +202,10 @@ fn list_or_none(v: &[String]) -> String {
 }
 
 impl Resource for ModelStorageSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Node
+    }
+
     fn kind(&self) -> &'static str {
         "model_storage"
     }

@@ -103,6 +103,10 @@ impl NvidiaHostSpec {
 }
 
 impl Resource for NvidiaHostSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Node
+    }
+
     fn kind(&self) -> &'static str {
         "nvidia_host"
     }

@@ -34,6 +34,10 @@ pub struct PipEditableSpec {
 }
 
 impl Resource for PipEditableSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "pip_editable"
     }

@@ -151,6 +151,10 @@ impl PipRequirement {
 }
 
 impl Resource for PipPackagesSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "pip_packages"
     }

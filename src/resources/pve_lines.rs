@@ -384,6 +384,10 @@ pub fn place_devs(
 }
 
 impl Resource for PveLinesSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Container
+    }
+
     fn kind(&self) -> &'static str {
         "pve_lines"
     }

@@ -48,6 +48,10 @@ impl TemplateSpec {
 }
 
 impl Resource for TemplateSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Node
+    }
+
     fn kind(&self) -> &'static str {
         "template"
     }

@@ -98,6 +98,10 @@ impl UvSpec {
 }
 
 impl Resource for UvSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "uv"
     }

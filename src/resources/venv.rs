@@ -28,6 +28,10 @@ pub struct VenvSpec {
 }
 
 impl Resource for VenvSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "venv"
     }

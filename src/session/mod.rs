@@ -380,16 +380,10 @@ impl<'a, A: Api> Session<'a, A> {
         std::thread::scope(|s| {
             for (node_name, node) in &self.loaded.inventory.nodes {
                 let node_name = node_name.as_str();
-                let container =
-                    |name: &str, ct: &crate::inventory::container::Container| Target::Container {
-                        node: node_name.to_string(),
-                        name: name.to_string(),
-                        vmid: ct.vmid.value,
-                    };
                 let listed = node
                     .containers
                     .iter()
-                    .any(|(name, ct)| wanted(&container(name.as_str(), ct)));
+                    .any(|(name, ct)| wanted(&container_and_guest(node_name, name.as_str(), ct).0));
                 if listed && !done.load(Ordering::Relaxed) {
                     self.listings.prime(node_name, || self.list(node_name));
                 }
@@ -400,10 +394,7 @@ impl<'a, A: Api> Session<'a, A> {
                         .is_some_and(|l| l.get(&vmid).is_some_and(|(_, r)| *r))
                 };
                 let early_of = |name: &str| {
-                    let guest = Target::Guest {
-                        name: name.to_string(),
-                        address: String::new(),
-                    };
+                    let guest = guest_target(name);
                     early
                         .iter()
                         .find(|d| d.target.names() == guest.names())
@@ -432,11 +423,7 @@ impl<'a, A: Api> Session<'a, A> {
                     if done.load(Ordering::Relaxed) {
                         return;
                     }
-                    let guest = Target::Guest {
-                        name: name.to_string(),
-                        address: String::new(),
-                    };
-                    if !wanted(&guest) || (listed && !runs(ct.vmid.value)) {
+                    if !wanted(&guest_target(name)) || (listed && !runs(ct.vmid.value)) {
                         continue;
                     }
                     let login_and_read = |view| {
@@ -573,20 +560,22 @@ impl<'a, A: Api> Session<'a, A> {
     /// a container's config, API and agent for the node. Read-only even in a write session.
     pub fn reader(&self, d: &DesiredTarget) -> Result<Box<dyn TargetReader>, SessionError> {
         match &d.target {
-            Target::Container { node, .. } => Ok(Box::new(
-                ApiTarget::new(
+            Target::Container { node, .. } => {
+                let target = ApiTarget::new(
                     self.api(node)?,
                     container_specs(d.resources.iter().map(|r| &r.spec)),
                 )
                 .listed(self.listing(node)?)
-                .in_cluster(self.in_cluster(node))
-                .placed_by(match d.resources.is_empty() {
-                    // The scan for undeclared containers reads no placement.
-                    true => None,
-                    false => self.placements(node)?,
-                })
-                .owned_by(owner(self.loaded)),
-            )),
+                .owned_by(owner(self.loaded));
+                // The scan for undeclared containers (no resources) reads no placement.
+                Ok(Box::new(match d.resources.is_empty() {
+                    true => target,
+                    false => match self.placements(node)? {
+                        Some(placed) => target.placed_by(placed),
+                        None => target,
+                    },
+                }))
+            }
             Target::Guest { name, .. } => {
                 // Only a listing actually read says the container is not there; it is
                 // read when this plan reads the container's node too.
@@ -710,15 +699,7 @@ impl<'a, A: Api> Session<'a, A> {
                 continue;
             }
             for (name, ct) in &node.containers {
-                let container = Target::Container {
-                    node: node_name.to_string(),
-                    name: name.to_string(),
-                    vmid: ct.vmid.value,
-                };
-                let guest = Target::Guest {
-                    name: name.to_string(),
-                    address: String::new(),
-                };
+                let (container, guest) = container_and_guest(node_name.as_str(), name.as_str(), ct);
                 if started == max {
                     return;
                 }
@@ -951,6 +932,32 @@ fn seen_read<'p>(
 /// The key of container `vmid` of `node` among the GPU views.
 fn seen_key(node: &str, vmid: u64) -> String {
     format!("{node}/{vmid}")
+}
+
+/// Guest `name`'s target as `wanted` is asked about it (a target's address is not part of
+/// its name).
+fn guest_target(name: &str) -> Target {
+    Target::Guest {
+        name: name.to_string(),
+        address: String::new(),
+    }
+}
+
+/// The container target and the guest target of container `name` on `node`: what the
+/// connections made ahead of a plan ask `wanted` about.
+fn container_and_guest(
+    node: &str,
+    name: &str,
+    ct: &crate::inventory::container::Container,
+) -> (Target, Target) {
+    (
+        Target::Container {
+            node: node.to_string(),
+            name: name.to_string(),
+            vmid: ct.vmid.value,
+        },
+        guest_target(name),
+    )
 }
 
 #[cfg(test)]

@@ -120,6 +120,10 @@ impl AptSourceSpec {
 }
 
 impl Resource for AptSourceSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "apt_source"
     }

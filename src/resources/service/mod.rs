@@ -238,6 +238,10 @@ impl ServiceSpec {
 }
 
 impl Resource for ServiceSpec {
+    fn target(&self) -> crate::resources::TargetKind {
+        crate::resources::TargetKind::Guest
+    }
+
     fn kind(&self) -> &'static str {
         "service"
     }
