@@ -35,12 +35,11 @@ pub(super) fn gpu_containers<'a>(
 ) -> impl Iterator<Item = (&'a str, &'a Container, &'a Gpus)> + 'a {
     node.containers.iter().filter_map(move |(name, ct)| {
         let gpus = ct.gpus.as_ref()?;
-        wanted(&Target::Container {
-            node: node_name.to_string(),
-            name: name.to_string(),
-            vmid: ct.vmid.value,
-        })
-        .then_some((name.as_str(), ct, gpus))
+        wanted(&super::container_and_guest(node_name, name.as_str(), ct).0).then_some((
+            name.as_str(),
+            ct,
+            gpus,
+        ))
     })
 }
 
