@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::cli_support::Provision;
-use crate::lab_support::{cleanup, lab};
+use crate::lab_support::{Slot, cleanup, lab, slot};
 use provision_lab::testkit::LabEnv;
 
 /// The lab's network address with host part `host`.
@@ -29,7 +29,8 @@ fn ip(lab: &LabEnv, host: u32) -> String {
 
 /// An inventory of one container with node SSH and no `ssh_keys`; `identity` is the
 /// guest's `ssh.identity_file`, when any.
-fn inventory(dir: &Path, lab: &LabEnv, vmid: u32, host: u32, identity: Option<&Path>) -> PathBuf {
+fn inventory(dir: &Path, lab: &LabEnv, at: Slot, identity: Option<&Path>) -> PathBuf {
+    let vmid = at.vmid;
     let (node_host, node_port) = lab.vars["PVE_NODE_SSH"].split_once(':').unwrap();
     let (gw, _) = lab.vars["LAB_BRIDGE_CIDR"].split_once('/').unwrap();
     std::fs::create_dir_all(dir.join("roles")).unwrap();
@@ -70,7 +71,7 @@ nodes:
         root = lab.vars["LAB_PVE_ROOT"],
         template = lab.vars["LAB_TEMPLATE"],
         bridge = lab.vars["LAB_BRIDGE"],
-        ip = ip(lab, host),
+        ip = ip(lab, at.ip_host),
     );
     let path = dir.join("inventory.yaml");
     std::fs::write(&path, text).unwrap();
@@ -118,7 +119,7 @@ fn provision(lab: &LabEnv, home: &Path, args: &[&str], inventory: &Path) -> (i32
 #[test]
 fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9275);
+    let _guard = cleanup(&lab, slot::FIRST_KEYED);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     let made = Command::new("ssh-keygen")
@@ -136,7 +137,7 @@ fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
         .status()
         .unwrap();
     assert!(made.success());
-    let inv = inventory(dir.path(), &lab, 9275, 235, Some(&key));
+    let inv = inventory(dir.path(), &lab, slot::FIRST_KEYED, Some(&key));
 
     let (code, plan) = provision(&lab, dir.path(), &["plan", "--detailed-exitcode"], &inv);
     assert_eq!(code, 2, "{plan}");
@@ -158,7 +159,7 @@ fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
         ))
         .arg("-i")
         .arg(&key)
-        .arg(format!("root@{}", ip(&lab, 235)))
+        .arg(format!("root@{}", ip(&lab, slot::FIRST_KEYED.ip_host)))
         .arg("cat /etc/app.conf /root/.ssh/authorized_keys")
         .output()
         .unwrap();
@@ -177,9 +178,9 @@ fn a_new_container_gets_the_identity_files_key_without_ssh_keys() {
 #[test]
 fn no_key_to_log_in_with_is_refused_before_anything_is_created() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9276);
+    let _guard = cleanup(&lab, slot::FIRST_NO_KEY);
     let dir = tempfile::tempdir().unwrap();
-    let inv = inventory(dir.path(), &lab, 9276, 236, None);
+    let inv = inventory(dir.path(), &lab, slot::FIRST_NO_KEY, None);
     for verb in [&["plan"][..], &["apply", "--yes"][..]] {
         let (code, out) = provision(&lab, dir.path(), verb, &inv);
         assert_eq!(code, 1, "{out}");
@@ -198,7 +199,7 @@ fn no_key_to_log_in_with_is_refused_before_anything_is_created() {
 #[test]
 fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9278);
+    let _guard = cleanup(&lab, slot::FIRST_ABSENT);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     assert!(
@@ -209,7 +210,7 @@ fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
             .unwrap()
             .success()
     );
-    let inv = inventory(dir.path(), &lab, 9278, 238, Some(&key));
+    let inv = inventory(dir.path(), &lab, slot::FIRST_ABSENT, Some(&key));
     let present = dir.path().join("present");
     std::fs::create_dir_all(&present).unwrap();
     let text = std::fs::read_to_string(&inv).unwrap().replace(
@@ -252,7 +253,7 @@ fn a_storage_and_a_host_directory_the_node_lacks_are_refused_at_plan() {
 #[test]
 fn a_privilege_separated_token_lacking_sys_modify_is_refused_at_plan() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9279);
+    let _guard = cleanup(&lab, slot::FIRST_TOKEN);
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("guest_key");
     assert!(
@@ -263,7 +264,7 @@ fn a_privilege_separated_token_lacking_sys_modify_is_refused_at_plan() {
             .unwrap()
             .success()
     );
-    let inv = inventory(dir.path(), &lab, 9279, 239, Some(&key));
+    let inv = inventory(dir.path(), &lab, slot::FIRST_TOKEN, Some(&key));
     let text = std::fs::read_to_string(&inv).unwrap().replace(
         "password: { env: PVE_ROOT_PASSWORD }",
         "token: { env: LAB_PRIVSEP_TOKEN }",

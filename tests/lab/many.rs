@@ -10,7 +10,7 @@ use crate::cli_support::Provision;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::lab_support::lab;
+use crate::lab_support::{lab, slot};
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
 
 /// Containers made at once (each create waits for its SSH).
@@ -442,8 +442,14 @@ fn a_guest_whose_container_is_not_there_is_not_logged_in_to_ahead() {
     // The other container's address, at a vmid no container has.
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace(&format!("vmid: {}", other.vmid), "vmid: 9297")
-        .replace(&format!("hostname: ct{}", other.vmid), "hostname: ct9297");
+        .replace(
+            &format!("vmid: {}", other.vmid),
+            &format!("vmid: {}", slot::MANY_ABSENT.vmid),
+        )
+        .replace(
+            &format!("hostname: ct{}", other.vmid),
+            &format!("hostname: ct{}", slot::MANY_ABSENT.vmid),
+        );
     std::fs::write(&path, text).unwrap();
     // The testkit's own login (its wait for SSH) is in the journal before counting from it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -471,7 +477,10 @@ fn a_guest_whose_container_is_not_there_is_not_logged_in_to_ahead() {
         ],
         2,
     );
-    assert!(err.contains("CT 9297 does not exist yet"), "{err}");
+    assert!(
+        err.contains(&format!("CT {} does not exist yet", slot::MANY_ABSENT.vmid)),
+        "{err}"
+    );
     assert!(err.contains("guest.real: 1 SSH login(s)"), "{err}");
     assert!(!err.contains("guest.gone: 1 SSH login(s)"), "{err}");
     assert_eq!(

@@ -8,6 +8,7 @@
 
 use crate::cli_support::Provision;
 use crate::guestlab;
+use crate::lab_support::slot;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -34,16 +35,16 @@ const OTHERS: [Other; 2] = [
     Other {
         name: "bullseye",
         template: "debian-11-lab_11.1-1_amd64.tar.zst",
-        vmid: 9411,
-        ip_host: 211,
+        vmid: slot::BULLSEYE.vmid,
+        ip_host: slot::BULLSEYE.ip_host,
         python: "3.9",
         glibc: "2.31",
     },
     Other {
         name: "trixie",
         template: "debian-13-lab_13.1-1_amd64.tar.zst",
-        vmid: 9413,
-        ip_host: 213,
+        vmid: slot::TRIXIE.vmid,
+        ip_host: slot::TRIXIE.ip_host,
         python: "3.13",
         glibc: "2.41",
     },

@@ -11,17 +11,17 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::cli_support::Provision;
-use crate::lab_support::{cleanup, lab};
+use crate::lab_support::{Slot, cleanup, lab, slot};
 use assert_cmd::Command;
 use provision_lab::server::faults::{FaultKind, FaultRule};
 use provision_lab::testkit::LabEnv;
 
-/// Our own vmids and addresses, outside the testkit's 9100-9199 / .100-.199.
-fn address(lab: &LabEnv, vmid: u32) -> (String, String) {
+/// A slot's address on the lab bridge and the gateway.
+fn address(lab: &LabEnv, at: Slot) -> (String, String) {
     let cidr = &lab.vars["LAB_BRIDGE_CIDR"];
     let (gw, _) = cidr.split_once('/').unwrap();
     let net: Vec<&str> = gw.split('.').collect();
-    let host = 200 + (vmid % 50);
+    let host = at.ip_host;
     (
         format!("{}.{}.{}.{host}/24", net[0], net[1], net[2]),
         gw.to_string(),
@@ -43,10 +43,10 @@ struct Inv {
 }
 
 impl Inv {
-    fn new(lab: &LabEnv, vmid: u32, name: &'static str) -> Inv {
-        let (ip, gw) = address(lab, vmid);
+    fn new(lab: &LabEnv, at: Slot, name: &'static str) -> Inv {
+        let (ip, gw) = address(lab, at);
         Inv {
-            vmid,
+            vmid: at.vmid,
             name,
             memory: "512M",
             cores: 1,
@@ -183,8 +183,8 @@ fn running(lab: &LabEnv, vmid: u32) -> bool {
 fn create_converge_update_drift_and_replace() {
     let lab = lab();
     let dir = tempfile::tempdir().unwrap();
-    let _guard = cleanup(&lab, 9301);
-    let mut inv = Inv::new(&lab, 9301, "pa-one");
+    let _guard = cleanup(&lab, slot::PA_ONE);
+    let mut inv = Inv::new(&lab, slot::PA_ONE, "pa-one");
     let path = inv.write(&lab, dir.path());
 
     let out = provision(&lab, &["plan", "--detailed-exitcode"], &path, inv.name);
@@ -212,7 +212,7 @@ fn create_converge_update_drift_and_replace() {
     // Memory, cores and the address change in place, live.
     inv.memory = "1G";
     inv.cores = 2;
-    inv.ip = address(&lab, 9302).0;
+    inv.ip = address(&lab, slot::PA_ONE_MOVED).0;
     let path = inv.write(&lab, dir.path());
     let t = expect(&provision(&lab, &["apply", "--yes"], &path, inv.name), 0);
     assert!(t.contains("applies live"), "{t}");
@@ -283,8 +283,8 @@ fn create_converge_update_drift_and_replace() {
 fn adopts_an_existing_container_and_refuses_a_taken_vmid() {
     let lab = lab();
     let dir = tempfile::tempdir().unwrap();
-    let _guard = cleanup(&lab, 9311);
-    let inv = Inv::new(&lab, 9311, "pa-adopt");
+    let _guard = cleanup(&lab, slot::PA_ADOPT);
+    let inv = Inv::new(&lab, slot::PA_ADOPT, "pa-adopt");
     let (ip, gw) = (inv.ip.clone(), inv.gw.clone());
     let net0 = format!(
         "name=eth0,bridge={},ip={ip},gw={gw}",
@@ -323,7 +323,7 @@ fn adopts_an_existing_container_and_refuses_a_taken_vmid() {
     assert_eq!(config(&lab, 9311)["memory"], 512);
 
     // The same vmid under another name is someone else's container.
-    let other = Inv::new(&lab, 9311, "pa-other");
+    let other = Inv::new(&lab, slot::PA_ADOPT, "pa-other");
     let path = other.write(&lab, dir.path());
     let t = expect(&provision(&lab, &["plan"], &path, other.name), 1);
     assert!(t.contains("pa-adopt") && t.contains("pa-other"), "{t}");
@@ -353,8 +353,8 @@ fn fault(
 fn transient_failures_are_retried_and_a_failed_task_shows_its_log() {
     let lab = lab();
     let dir = tempfile::tempdir().unwrap();
-    let _guard = cleanup(&lab, 9321);
-    let inv = Inv::new(&lab, 9321, "pa-faults");
+    let _guard = cleanup(&lab, slot::PA_FAULTS);
+    let inv = Inv::new(&lab, slot::PA_FAULTS, "pa-faults");
     let path = inv.write(&lab, dir.path());
     let node = lab.node().to_string();
 
@@ -375,7 +375,7 @@ fn transient_failures_are_retried_and_a_failed_task_shows_its_log() {
     // What the failed create left is named as such, not adopted or taken for another CT.
     let t = expect(&provision(&lab, &["plan"], &path, inv.name), 1);
     assert!(t.contains("failed create"), "{t}");
-    drop(cleanup(&lab, 9321));
+    drop(cleanup(&lab, slot::PA_FAULTS));
 
     expect(&provision(&lab, &["apply", "--yes"], &path, inv.name), 0);
     // Reads meet a lock timeout and a 596, and are retried.
@@ -404,7 +404,7 @@ fn transient_failures_are_retried_and_a_failed_task_shows_its_log() {
 fn refused_credentials_are_an_error_naming_node_and_call_never_absent() {
     let lab = lab();
     let dir = tempfile::tempdir().unwrap();
-    let inv = Inv::new(&lab, 9331, "pa-auth");
+    let inv = Inv::new(&lab, slot::PA_AUTH, "pa-auth");
     let path = inv.write(&lab, dir.path());
     let bad = format!(
         "{}=00000000-0000-0000-0000-000000000000",

@@ -17,7 +17,7 @@ use std::time::Duration;
 use provision_lab::server::faults::{FaultKind, FaultRule};
 use provision_lab::testkit::{ContainerSpec, LabEnv, TestContainer};
 
-pub(crate) use crate::lab_support::{cleanup, lab};
+pub(crate) use crate::lab_support::{Slot, cleanup, lab, slot};
 
 /// A test's own directory: inventory, roles, known_hosts pinning the lab node.
 pub(crate) struct Cli {
@@ -68,12 +68,12 @@ impl Cli {
         Cli { lab, dir }
     }
 
-    pub(crate) fn ct(&self, name: &'static str, vmid: u32, ip_host: u32) -> Ct {
+    pub(crate) fn ct(&self, name: &'static str, at: Slot) -> Ct {
         Ct {
             name,
-            vmid,
+            vmid: at.vmid,
             hostname: None,
-            ip_host,
+            ip_host: at.ip_host,
             memory: "512M",
             cores: 1,
             mount: None,
@@ -266,6 +266,9 @@ nodes:
     fn ssh_output(&self, to: &str, port: &str, cmd: &str) -> std::process::Output {
         Command::new("ssh")
             .args(["-F", "/dev/null", "-o", "BatchMode=yes", "-p", port])
+            // A guest gone mid-command fails the test instead of hanging it.
+            .args(["-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=10"])
+            .args(["-o", "ServerAliveCountMax=6"])
             .args(["-o", "StrictHostKeyChecking=yes", "-o"])
             .arg(format!(
                 "UserKnownHostsFile={}",
@@ -319,9 +322,9 @@ fn assert_gpu_visible(cli: &Cli, ct: &Ct) {
 #[test]
 fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9261);
+    let _guard = cleanup(&lab, slot::PXC_ONE);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-one", 9261, 241);
+    let mut ct = cli.ct("pxc-one", slot::PXC_ONE);
     cli.write(&ct, true);
 
     // The plan shows the node step and the bootstrap before anything exists.
@@ -402,7 +405,7 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
 
     // A new address: changed live; the guest, now unknown at that address, is
     // bootstrapped through the node and its keys (the same ones) recorded there.
-    ct.ip_host = 242;
+    ct.ip_host = slot::PXC_ONE_MOVED.ip_host;
     ct.content = "hello = 3\n";
     cli.write(&ct, true);
     let out = cli.expect(&["apply", "--yes"], 0);
@@ -427,8 +430,13 @@ fn existing(spec: ContainerSpec, name: &'static str) -> (Cli, Ct, TestContainer)
     let lab = lab();
     let existing = lab.create_container(spec).expect("a lab container");
     let cli = Cli::new(lab);
-    let mut ct = cli.ct(name, existing.vmid, 0);
-    ct.ip_host = existing.ip.octets()[3].into();
+    let mut ct = cli.ct(
+        name,
+        Slot {
+            vmid: existing.vmid,
+            ip_host: existing.ip.octets()[3].into(),
+        },
+    );
     ct.hostname = Some(format!("ct{}", existing.vmid));
     ct.disk_gib = 4;
     cli.write(&ct, true);
@@ -549,9 +557,9 @@ fn a_start_that_finds_the_container_started_by_an_earlier_task_is_done() {
 #[test]
 fn gpu_lines_without_node_ssh_are_refused_before_anything_changes() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9263);
+    let _guard = cleanup(&lab, slot::PXC_NOSSH);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-nossh", 9263, 243);
+    let mut ct = cli.ct("pxc-nossh", slot::PXC_NOSSH);
     ct.token = true;
     cli.write(&ct, false);
     for cmd in ["plan", "apply"] {
@@ -573,9 +581,9 @@ fn host_data(cli: &Cli) -> PathBuf {
 #[test]
 fn a_bind_mount_with_a_token_is_a_node_step_over_node_ssh() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9264);
+    let _guard = cleanup(&lab, slot::PXC_TOKMNT);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-tokmnt", 9264, 244);
+    let mut ct = cli.ct("pxc-tokmnt", slot::PXC_TOKMNT);
     ct.token = true;
     ct.mount = Some(host_data(&cli));
     cli.write(&ct, true);
@@ -609,9 +617,9 @@ fn a_bind_mount_with_a_token_is_a_node_step_over_node_ssh() {
 #[test]
 fn a_bind_mount_with_a_token_and_no_node_ssh_is_refused_at_plan_time() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9265);
+    let _guard = cleanup(&lab, slot::PXC_TOKNOSSH);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-toknossh", 9265, 245);
+    let mut ct = cli.ct("pxc-toknossh", slot::PXC_TOKNOSSH);
     ct.token = true;
     ct.gpu = false;
     let data = host_data(&cli);
@@ -630,9 +638,9 @@ fn a_bind_mount_with_a_token_and_no_node_ssh_is_refused_at_plan_time() {
 #[test]
 fn a_saved_plan_builds_from_nothing_and_a_replace_builds_the_guest_again() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9266);
+    let _guard = cleanup(&lab, slot::PXC_SAVED);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-saved", 9266, 246);
+    let mut ct = cli.ct("pxc-saved", slot::PXC_SAVED);
     ct.gpu = false;
     cli.write(&ct, true);
 
@@ -746,8 +754,8 @@ fn the_userspace_follows_a_driver_change_on_the_node() {
     assert!(original.contains(old), "{original}");
     let new = "580.172.08";
     let cli = Cli::new(lab);
-    let _gone = cleanup(&cli.lab, 9267);
-    let mut ct = cli.ct("pxc-nvidia", 9267, 247);
+    let _gone = cleanup(&cli.lab, slot::PXC_NVIDIA);
+    let mut ct = cli.ct("pxc-nvidia", slot::PXC_NVIDIA);
     ct.userspace = Some(stand_in_installer(&cli.lab, old));
     let _cached_old = node_cache(&ct.userspace.as_ref().unwrap().1);
     cli.write(&ct, true);
@@ -938,8 +946,8 @@ fn the_node_fetches_the_userspace_run_and_pushes_it_into_a_container_that_cannot
     let wrong = format!("{:0>64x}", nonce ^ u128::from(std::process::id()));
     let _wrong = node_cache(&wrong);
     let cli = Cli::new(lab);
-    let _gone = cleanup(&cli.lab, 9268);
-    let mut ct = cli.ct("pxc-nvrun", 9268, 248);
+    let _gone = cleanup(&cli.lab, slot::PXC_NVRUN);
+    let mut ct = cli.ct("pxc-nvrun", slot::PXC_NVRUN);
 
     // A URL the node cannot fetch is named as the node's, with the hint.
     let missing = server.url.replace("/nvidia/", "/missing/");

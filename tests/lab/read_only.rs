@@ -9,7 +9,7 @@
 //! machine, shared by every lab's tests; what a container target could write on it is its
 //! config, which is.
 
-use crate::pve_cli::{Cli, Ct, cleanup, lab};
+use crate::pve_cli::{Cli, Ct, cleanup, lab, slot};
 
 /// Everything `plan`/`check` must leave as it was.
 fn snapshot(cli: &Cli, ct: &Ct) -> String {
@@ -29,8 +29,8 @@ fn snapshot(cli: &Cli, ct: &Ct) -> String {
 #[test]
 fn plan_and_check_leave_container_guest_and_known_hosts_as_they_found_them() {
     let cli = Cli::new(lab());
-    let _guard = cleanup(&cli.lab, 9268);
-    let mut ct = cli.ct("pxc-readonly", 9268, 248);
+    let _guard = cleanup(&cli.lab, slot::READ_ONLY);
+    let mut ct = cli.ct("pxc-readonly", slot::READ_ONLY);
     cli.write(&ct, true);
     cli.expect(&["apply", "--yes"], 0);
     // Changes pending on both targets: plan and check have something they could write.

@@ -15,6 +15,7 @@
 
 use crate::cli_support::Provision;
 use crate::hub_support;
+use crate::lab_support::slot;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -25,8 +26,8 @@ use fakehub::{Config, FakeHub};
 use provision_lab::testkit::{LabEnv, free_port};
 use sha2::{Digest, Sha256};
 
-const VMID: u32 = 9291;
-const IP_HOST: u32 = 241;
+const VMID: u32 = slot::REBUILD.vmid;
+const IP_HOST: u32 = slot::REBUILD.ip_host;
 const PORT: u16 = 30000;
 
 /// A small server of the user's own that answers `/v1/models` with the model's name (and

@@ -9,7 +9,7 @@
 //! second node login made for it, and a `pct exec`); when the facts come first, it is read
 //! over the node's one login. Needs root and the lab.
 
-use crate::pve_cli::{Cli, cleanup, lab};
+use crate::pve_cli::{Cli, cleanup, lab, slot};
 
 /// "Accepted publickey" lines in the lab node's sshd log.
 fn node_logins(cli: &Cli) -> usize {
@@ -32,9 +32,9 @@ fn guest_logins(cli: &Cli, vmid: u32) -> usize {
 #[test]
 fn an_apply_logs_in_to_its_guest_once_and_its_node_once() {
     let lab = lab();
-    let _guard = cleanup(&lab, 9269);
+    let _guard = cleanup(&lab, slot::SESSION);
     let cli = Cli::new(lab);
-    let mut ct = cli.ct("pxc-session", 9269, 249);
+    let mut ct = cli.ct("pxc-session", slot::SESSION);
     cli.write(&ct, true);
     cli.expect(&["apply", "--yes"], 0);
 

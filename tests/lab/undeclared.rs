@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::pve_cli::{Cli, cleanup, lab};
+use crate::pve_cli::{Cli, cleanup, lab, slot};
 
 fn listed(cli: &Cli) -> Vec<(u64, String)> {
     let list = cli
@@ -44,7 +44,7 @@ fn status(cli: &Cli, vmid: u64) -> Option<String> {
 #[test]
 fn a_container_no_longer_declared_is_named_refused_while_it_runs_then_destroyed_keeping_its_bind_mount()
  {
-    let _guards = [9281, 9282, 9283].map(|v| cleanup(&lab(), v));
+    let _guards = [slot::UD_KEEP, slot::UD_OLD, slot::UD_OTHER].map(|s| cleanup(&lab(), s));
     let cli = Cli::new(lab());
     let node = cli.lab.node().to_string();
     let host = PathBuf::from(&cli.lab.vars["LAB_SHARED_DIR"]).join("ud-old-data");
@@ -52,7 +52,7 @@ fn a_container_no_longer_declared_is_named_refused_while_it_runs_then_destroyed_
     std::fs::write(host.join("keep"), "data").unwrap();
 
     // This inventory creates `ud-old`, with a bind-mounted host folder.
-    let mut old = cli.ct("ud-old", 9282, 250);
+    let mut old = cli.ct("ud-old", slot::UD_OLD);
     old.gpu = false;
     old.mount = Some(host.clone());
     let inventory = cli.write(&old, true);
@@ -62,7 +62,7 @@ fn a_container_no_longer_declared_is_named_refused_while_it_runs_then_destroyed_
     // Another inventory's container on the same node, given a copy of `ud-old`'s
     // description (marker and all), as a clone or a restore to another vmid has.
     let other = Cli::new(lab());
-    let mut theirs = other.ct("ud-other", 9283, 251);
+    let mut theirs = other.ct("ud-other", slot::UD_OTHER);
     theirs.gpu = false;
     other.write(&theirs, true);
     other.expect(&["apply", "--yes", "--target", "container.ud-other"], 0);
@@ -80,7 +80,7 @@ fn a_container_no_longer_declared_is_named_refused_while_it_runs_then_destroyed_
     .unwrap();
 
     // `ud-old` renamed to `ud-keep` (another vmid): the old one is no longer declared.
-    let mut keep = cli.ct("ud-keep", 9281, 249);
+    let mut keep = cli.ct("ud-keep", slot::UD_KEEP);
     keep.gpu = false;
     cli.write(&keep, true);
     let owner = std::fs::canonicalize(&inventory).unwrap();
