@@ -8,10 +8,16 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// The provision binary the tests run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_provision");
+
+/// How long one provision run in a test may take: far above the slowest (a source build
+/// on a loaded machine, minutes), far below CI's time limit.
+pub const RUN_LIMIT: Duration = Duration::from_secs(900);
 
 /// The variables through which provision reaches the lab's Proxmox API.
 pub const LAB_API: [&str; 3] = ["PVE_URL", "PVE_TOKEN", "PVE_FINGERPRINT"];
@@ -95,9 +101,75 @@ impl Provision {
         self.cmd
     }
 
-    /// Runs it to its end.
+    /// Runs it to its end, or for [`RUN_LIMIT`] at most: a run still going then is taken
+    /// for hung, killed, and the test fails with what it printed so far (a hang fails a
+    /// test, not the whole suite's time limit).
     pub fn output(mut self) -> Output {
-        self.cmd.output().expect("provision runs")
+        use std::io::Read;
+        // Its arguments only: the environment carries the lab's credentials.
+        let shown = self
+            .cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut child = self
+            .cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("provision runs");
+        let (tx, rx) = mpsc::channel();
+        for (i, mut pipe) in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                let _ = tx.send((i, bytes));
+            });
+        }
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("provision's status") {
+                break Some(status);
+            }
+            if started.elapsed() >= RUN_LIMIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut streams = [Vec::new(), Vec::new()];
+        for _ in 0..2 {
+            // Whatever it started may hold the pipes open after it is killed.
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok((i, bytes)) => streams[i] = bytes,
+                Err(_) => break,
+            }
+        }
+        let [stdout, stderr] = streams;
+        match status {
+            Some(status) => Output {
+                status,
+                stdout,
+                stderr,
+            },
+            None => panic!(
+                "provision ran past {} s and was killed (hung?): provision {shown}\n\
+                 --- stdout\n{}\n--- stderr\n{}",
+                RUN_LIMIT.as_secs(),
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            ),
+        }
     }
 
     /// Runs it to its end: its exit code and what it printed.
