@@ -141,6 +141,7 @@ impl Provision {
                 break Some(status);
             }
             if started.elapsed() >= RUN_LIMIT {
+                eprintln!("{}", stacks(child.id()));
                 let _ = child.kill();
                 let _ = child.wait();
                 break None;
@@ -175,6 +176,32 @@ impl Provision {
     /// Runs it to its end: its exit code and what it printed.
     pub fn run(self) -> Ran {
         Ran::from(self.output())
+    }
+}
+
+/// Where each thread of process `pid` is, from gdb when the machine has it: what a hung
+/// run waits on, printed before it is killed.
+fn stacks(pid: u32) -> String {
+    let gdb = Command::new("timeout")
+        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "thread apply all bt"])
+        .stdin(Stdio::null())
+        .output();
+    match gdb {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let frames: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("Thread ") || l.starts_with('#'))
+                .take(400)
+                .map(|l| l.get(..240).unwrap_or(l))
+                .collect();
+            format!(
+                "--- the hung provision's threads (gdb)\n{}",
+                frames.join("\n")
+            )
+        }
+        _ => "--- no thread stacks of the hung provision (gdb is absent or failed)".into(),
     }
 }
 
