@@ -35,7 +35,7 @@ pub(super) fn gpu_containers<'a>(
 ) -> impl Iterator<Item = (&'a str, &'a Container, &'a Gpus)> + 'a {
     node.containers.iter().filter_map(move |(name, ct)| {
         let gpus = ct.gpus.as_ref()?;
-        wanted(&super::container_and_guest(node_name, name.as_str(), ct).0).then_some((
+        wanted(&super::container_target(node_name, name.as_str(), ct)).then_some((
             name.as_str(),
             ct,
             gpus,

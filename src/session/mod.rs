@@ -383,7 +383,7 @@ impl<'a, A: Api> Session<'a, A> {
                 let listed = node
                     .containers
                     .iter()
-                    .any(|(name, ct)| wanted(&container_and_guest(node_name, name.as_str(), ct).0));
+                    .any(|(name, ct)| wanted(&container_target(node_name, name.as_str(), ct)));
                 if listed && !done.load(Ordering::Relaxed) {
                     self.listings.prime(node_name, || self.list(node_name));
                 }
@@ -943,6 +943,15 @@ fn guest_target(name: &str) -> Target {
     }
 }
 
+/// Container `name` on `node`'s target as `wanted` is asked about it.
+fn container_target(node: &str, name: &str, ct: &crate::inventory::container::Container) -> Target {
+    Target::Container {
+        node: node.to_string(),
+        name: name.to_string(),
+        vmid: ct.vmid.value,
+    }
+}
+
 /// The container target and the guest target of container `name` on `node`: what the
 /// connections made ahead of a plan ask `wanted` about.
 fn container_and_guest(
@@ -950,14 +959,7 @@ fn container_and_guest(
     name: &str,
     ct: &crate::inventory::container::Container,
 ) -> (Target, Target) {
-    (
-        Target::Container {
-            node: node.to_string(),
-            name: name.to_string(),
-            vmid: ct.vmid.value,
-        },
-        guest_target(name),
-    )
+    (container_target(node, name, ct), guest_target(name))
 }
 
 #[cfg(test)]
