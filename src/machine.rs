@@ -29,6 +29,56 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/lib/provision"))
 }
 
+/// Runs `cmd` to its end, or for `limit` at most: `None` when it ran past that, after its
+/// whole process group (it leads one) was killed. Its stdin is empty; what it printed
+/// comes back when it ends in time. Nothing is waited on past the limit, not even a
+/// process the kernel holds in an uninterruptible wait (a hung GPU's `nvidia-smi`).
+pub fn output_within(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()?;
+    let group = child.id() as libc::pid_t;
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // stderr on a thread of its own, so neither pipe fills while the other is read.
+        let errs = std::thread::spawn(move || {
+            let mut e = Vec::new();
+            if let Some(err) = err.as_mut() {
+                let _ = err.read_to_end(&mut e);
+            }
+            e
+        });
+        let mut stdout = Vec::new();
+        if let Some(out) = out.as_mut() {
+            let _ = out.read_to_end(&mut stdout);
+        }
+        let stderr = errs.join().unwrap_or_default();
+        let _ = tx.send(child.wait().map(|status| std::process::Output {
+            status,
+            stdout,
+            stderr,
+        }));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(output) => output.map(Some),
+        Err(_) => {
+            // SAFETY: signals the process group this function made (`process_group(0)`
+            // made the child its leader); the child is reaped only after its pipes close,
+            // so while any of the group holds them, the id is still the group's.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            Ok(None)
+        }
+    }
+}
+
 /// Why something on the machine the agent runs on failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -79,6 +129,16 @@ pub enum HostError {
         got: String,
         /// sha256 written.
         want: String,
+    },
+    /// A program ran past its limit and was killed with what it started.
+    #[error("{command} did not finish within {}s and was killed: {why}", limit.as_secs())]
+    Hung {
+        /// The command.
+        command: String,
+        /// Its limit.
+        limit: std::time::Duration,
+        /// What a program that hangs there usually waits on.
+        why: String,
     },
     /// Something read on the machine is not in the form expected.
     #[error("{what}: {detail}")]
@@ -369,6 +429,45 @@ pub fn utc_now() -> String {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_command_within_its_limit_answers_and_one_past_it_is_killed_with_its_children() {
+        let mut quick = Command::new("/bin/sh");
+        quick.args(["-c", "echo out; echo err >&2; exit 3"]);
+        let o = output_within(&mut quick, std::time::Duration::from_secs(60))
+            .unwrap()
+            .expect("ended in time");
+        assert_eq!(
+            (o.stdout.as_slice(), o.stderr.as_slice()),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
+        assert_eq!(o.status.code(), Some(3));
+        // A hang (the shell waiting on a child that never ends, as on a hung GPU's
+        // nvidia-smi): killed at the limit, the child with it.
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("child");
+        let mut hung = Command::new("/bin/sh");
+        hung.arg("-c").arg(format!(
+            "sleep 600 & echo $! > {}; wait",
+            pid_file.display()
+        ));
+        let gone = output_within(&mut hung, std::time::Duration::from_millis(500)).unwrap();
+        assert!(gone.is_none(), "{gone:?}");
+        let child: i32 = fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Killed, then reaped by its parent's end (or left a zombie to init): not running.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleep {child} still runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 
     #[test]
     fn atomic_write_replaces_and_reads_back() {

@@ -17,6 +17,12 @@ use crate::transport::shell_quote;
 /// The line between the device nodes and `nvidia-smi`'s answer.
 pub const SMI_MARK: &str = "@@provision-smi";
 
+/// How long the agent waits for the script: a healthy GPU answers in about a second (the
+/// node's facts, the same `nvidia-smi`, get a minute over SSH); a hung one blocks the
+/// opens and `nvidia-smi` for good, and the read that asked would wait hours for its
+/// probes.
+pub const VIEW_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The `PATH` the script runs with (`pct exec` clears the environment; the agent's login
 /// may have a thin one).
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -62,14 +68,19 @@ impl crate::resources::wire::AgentProbe for GpuSeenProbe {
         &self,
         _verify_full: bool,
     ) -> Result<crate::resources::wire::Fact, crate::resources::wire::AnswerError> {
-        let out = Command::new("/bin/sh")
-            .arg("-c")
+        let mut sh = Command::new("/bin/sh");
+        sh.arg("-c")
             .arg(script(&self.roots, &self.paths))
-            .env("PATH", PATH)
-            .output()
+            .env("PATH", PATH);
+        let out = crate::machine::output_within(&mut sh, VIEW_LIMIT)
             .map_err(|source| HostError::Spawn {
                 program: "/bin/sh".into(),
                 source,
+            })?
+            .ok_or_else(|| HostError::Hung {
+                command: "the GPU view script (an open of each /dev/nvidia* node, then nvidia-smi)".into(),
+                limit: VIEW_LIMIT,
+                why: "a GPU or driver that stopped answering blocks both; the node's kernel log (`dmesg`, Xid errors) says which".into(),
             })?;
         if !out.status.success() {
             return Err(HostError::Exit {
