@@ -93,6 +93,8 @@ pub enum AgentError {
         target: String,
         /// The probe, described.
         what: String,
+        /// The probe.
+        probe: Box<Probe>,
         /// Why.
         error: String,
     },
@@ -484,6 +486,7 @@ impl Conn {
                     return Err(AgentError::Probe {
                         target: self.target(),
                         what: format!("{:?}", a.probe),
+                        probe: Box::new(a.probe),
                         error: error.unwrap_or_else(|| "no answer".into()),
                     });
                 }
@@ -494,6 +497,7 @@ impl Conn {
                 return Err(AgentError::Probe {
                     target: self.target(),
                     what: format!("{p:?}"),
+                    probe: Box::new(p.clone()),
                     error: "the agent did not answer it".into(),
                 });
             }

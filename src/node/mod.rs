@@ -31,6 +31,15 @@ pub enum NodeError {
         /// The last lines it wrote to stderr.
         stderr: String,
     },
+    /// What a container shows of its GPUs could not be read inside it (its agent ran the
+    /// view and it failed there, as it would through the node).
+    #[error("reading what {target} shows of its GPUs failed: {error}")]
+    GpuView {
+        /// The guest whose agent ran the view.
+        target: String,
+        /// Why.
+        error: String,
+    },
     /// The step ran but reading back shows it did not take effect.
     #[error("{what} on {target} did not take effect: {detail}")]
     NotVerified {

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::access::{AccessError, ApiTarget, Listing, Placements, TargetReader, TargetWriter};
 use crate::agent::attach::Observer;
-use crate::agent::client::{AgentBinary, AgentReader, AgentWriter};
+use crate::agent::client::{AgentBinary, AgentError, AgentReader, AgentWriter};
 use crate::diagnostic::Diagnostic;
 use crate::engine::DesiredTarget;
 use crate::inventory::Loaded;
@@ -428,22 +428,27 @@ impl<'a, A: Api> Session<'a, A> {
                     }
                     let login_and_read = |view| {
                         self.guest_ssh.prime(name, || self.guest_login(name));
-                        early_of(name).and_then(|d| self.read_early(name, d, view))
+                        match early_of(name) {
+                            Some(d) => self.read_early(name, d, view),
+                            None => Ok(None),
+                        }
                     };
                     if !in_guest(name, ct) {
-                        login_and_read(None);
+                        let _ = login_and_read(None);
                         continue;
                     }
                     // The view's slot is held from before the login until the answer, so
                     // the checks wait for it rather than read it again with `pct exec`.
                     let vmid = ct.vmid.value;
                     self.gpu_seen.prime(&seen_key(node_name, vmid), || {
-                        login_and_read(Some(root)).ok_or_else(|| {
-                            Diagnostic::new(format!(
+                        match login_and_read(Some(root)) {
+                            Ok(Some(seen)) => Ok(seen),
+                            Ok(None) => Err(Diagnostic::new(format!(
                                 "CT {vmid}'s guest did not answer what it shows of its GPUs"
                             ))
-                            .into()
-                        })
+                            .into()),
+                            Err(failed) => Err(failed.into()),
+                        }
                     });
                 }
             }
@@ -455,14 +460,16 @@ impl<'a, A: Api> Session<'a, A> {
     /// read to take (see [`early`]). Nothing when that login failed or a read came first.
     /// With `view` (the GPU root), the same request asks what the container shows of its
     /// GPUs (see [`crate::resources::gpu_seen`]), returned for the GPU checks to compare
-    /// once the facts are in.
+    /// once the facts are in; when the agent ran that view and it failed there (a hung
+    /// GPU's `nvidia-smi`), that failure, which the node's `pct exec` of the same script
+    /// would only repeat.
     fn read_early(
         &self,
         name: &str,
         d: &DesiredTarget,
         view: Option<&str>,
-    ) -> Option<crate::node::gpu_check::Seen> {
-        let mut seen = None;
+    ) -> Result<Option<crate::node::gpu_check::Seen>, NodeError> {
+        let mut seen = Ok(None);
         self.guest_early.prime(name, || {
             let Some(pool) = self.guest_ssh.made(name) else {
                 return Ok(early::EarlyRead::none());
@@ -483,6 +490,21 @@ impl<'a, A: Api> Session<'a, A> {
             let (Some(root), Some(probe)) = (view, &asked_view) else {
                 return Ok(early::EarlyRead::of(probes, answer));
             };
+            if let Err(AccessError::Agent(e)) = &answer
+                && let Some(AgentError::Probe {
+                    target,
+                    probe: failed,
+                    error,
+                    ..
+                }) = e.downcast_ref::<AgentError>()
+                && failed.as_ref() == probe
+            {
+                seen = Err(NodeError::GpuView {
+                    target: target.clone(),
+                    error: error.clone(),
+                });
+                return Ok(early::EarlyRead::none());
+            }
             // A view that could not be read is the node's to read, and the plan reads the
             // guest itself.
             let Some(text) = answer
@@ -493,11 +515,11 @@ impl<'a, A: Api> Session<'a, A> {
             else {
                 return Ok(early::EarlyRead::none());
             };
-            seen = Some(crate::node::gpu_check::Seen::new(
+            seen = Ok(Some(crate::node::gpu_check::Seen::new(
                 text,
                 vec![root.to_string()],
                 Vec::new(),
-            ));
+            )));
             Ok(early::EarlyRead::of(probes, answer))
         });
         seen

@@ -423,6 +423,36 @@ fn from_an_empty_node_create_bootstrap_converge_change_drift_repair() {
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), before);
 }
 
+/// A GPU that stopped answering: the container's `nvidia-smi` (here one that never
+/// returns, as on a GPU with Xid errors) would hold the guest's read for its hours; the
+/// agent ends its GPU view at the view's limit, with what it started, and `check` names it
+/// and exits 1.
+#[test]
+fn a_hung_nvidia_smi_in_the_container_fails_the_check_naming_it() {
+    let lab = lab();
+    let _guard = cleanup(&lab, slot::HUNG_SMI);
+    let cli = Cli::new(lab);
+    let ct = cli.ct("pxc-hungsmi", slot::HUNG_SMI);
+    cli.write(&ct, true);
+    cli.expect(&["apply", "--yes"], 0);
+    cli.expect(&["check"], 0);
+    cli.guest(
+        &ct,
+        "printf '#!/bin/sh\\nexec sleep 86400\\n' > /usr/local/bin/nvidia-smi && \
+         chmod 755 /usr/local/bin/nvidia-smi",
+    );
+    let out = cli.expect(&["check"], 1);
+    assert!(
+        out.contains("the GPU view script") && out.contains("did not finish within 60s"),
+        "{out}"
+    );
+    assert_eq!(
+        cli.guest(&ct, "pgrep -c -x sleep || true").trim(),
+        "0",
+        "the view's nvidia-smi was left running"
+    );
+}
+
 /// A container made behind provision's back (`spec`), and an inventory that declares it
 /// as it is (address, host name, disk) under `name`, with node SSH. The container is
 /// destroyed when the third value is dropped.

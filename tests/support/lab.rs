@@ -90,6 +90,7 @@ pub mod slot {
         PXC_NVRUN = 9268, 248;
         SESSION = 9269, 249;
         READ_ONLY = 9270, 252;
+        HUNG_SMI = 9271, 240;
         FIRST_KEYED = 9275, 235;
         FIRST_NO_KEY = 9276, 236;
         FIRST_ABSENT = 9278, 238;
