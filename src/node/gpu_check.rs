@@ -9,8 +9,8 @@ use super::NodeError;
 use super::gpu::NodeGpus;
 use crate::resources::gpu_seen::SMI_MARK;
 use crate::resources::pve_lines::{PveLinesSpec, is_dev_key};
-use crate::transport::Transport;
 use crate::transport::pct::PctTransport;
+use crate::transport::{Transport, TransportError};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// How a drift line about the container's userspace driver version begins.
@@ -128,7 +128,13 @@ pub fn read(
 ) -> Result<Seen, NodeError> {
     let script = crate::resources::gpu_seen::script(roots, paths);
     let ct = PctTransport::new(node, vmid as u32);
-    let out = ct.exec(&script, &[], TIMEOUT)?;
+    let out = ct.exec(&script, &[], TIMEOUT).map_err(|e| match e {
+        TransportError::Timeout { .. } => NodeError::GpuView {
+            target: ct.describe(),
+            error: format!("{e}: {}", crate::resources::gpu_seen::HUNG_WHY),
+        },
+        e => e.into(),
+    })?;
     if !out.success() {
         return Err(NodeError::Command {
             what: "reading the GPUs a container sees".into(),

@@ -23,6 +23,9 @@ pub const SMI_MARK: &str = "@@provision-smi";
 /// probes.
 pub const VIEW_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// What a view that does not end in time means, and where to look.
+pub const HUNG_WHY: &str = "a GPU or driver that stopped answering blocks the device opens and nvidia-smi; the node's kernel log (`dmesg`, Xid errors) says which";
+
 /// The `PATH` the script runs with (`pct exec` clears the environment; the agent's login
 /// may have a thin one).
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -78,9 +81,10 @@ impl crate::resources::wire::AgentProbe for GpuSeenProbe {
                 source,
             })?
             .ok_or_else(|| HostError::Hung {
-                command: "the GPU view script (an open of each /dev/nvidia* node, then nvidia-smi)".into(),
+                command: "the GPU view script (an open of each /dev/nvidia* node, then nvidia-smi)"
+                    .into(),
                 limit: VIEW_LIMIT,
-                why: "a GPU or driver that stopped answering blocks both; the node's kernel log (`dmesg`, Xid errors) says which".into(),
+                why: HUNG_WHY.into(),
             })?;
         if !out.status.success() {
             return Err(HostError::Exit {

@@ -451,6 +451,13 @@ fn a_hung_nvidia_smi_in_the_container_fails_the_check_naming_it() {
         "0",
         "the view's nvidia-smi was left running"
     );
+    // One target at a time, the view is read through the node (`pct exec`): the same
+    // minute, then the same cause named.
+    let out = cli.expect(&["check", "--parallelism", "1"], 1);
+    assert!(
+        out.contains("did not finish within 60s") && out.contains("Xid errors"),
+        "{out}"
+    );
 }
 
 /// A container made behind provision's back (`spec`), and an inventory that declares it
