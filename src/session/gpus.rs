@@ -157,9 +157,9 @@ pub(super) fn read_views<A: Api>(
             // Read before the facts said what to expect, when it looked everywhere.
             let view = match session.gpu_seen(node, *vmid, &gpus.root, probe) {
                 Ok(seen) if seen.covers(&want) => Ok(seen.compare(gpus, &want)),
-                // The view ran (in the guest's agent or through the node) and failed: the
-                // same script again, through the node, would fail the same way.
-                Err(SessionError::Node(failed)) => Err(failed),
+                // The view ran (in the guest's agent or through the node) past its limit:
+                // the same script again, through the node, would hang the same way.
+                Err(SessionError::Node(hung @ crate::node::NodeError::GpuView { .. })) => Err(hung),
                 _ => probe.container_gpus(*vmid, gpus, &want),
             };
             views.insert((*vmid, spec.label.clone()), view);
