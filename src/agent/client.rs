@@ -87,12 +87,10 @@ pub enum AgentError {
         target: String,
     },
     /// A probe could not be answered (which must not be taken as "absent").
-    #[error("cannot read {what} on {target}: {error}")]
+    #[error("cannot read {probe:?} on {target}: {error}")]
     Probe {
         /// The target.
         target: String,
-        /// The probe, described.
-        what: String,
         /// The probe.
         probe: Box<Probe>,
         /// Why.
@@ -485,7 +483,6 @@ impl Conn {
                 (_, error) => {
                     return Err(AgentError::Probe {
                         target: self.target(),
-                        what: format!("{:?}", a.probe),
                         probe: Box::new(a.probe),
                         error: error.unwrap_or_else(|| "no answer".into()),
                     });
@@ -496,7 +493,6 @@ impl Conn {
             if !facts.contains_key(p) {
                 return Err(AgentError::Probe {
                     target: self.target(),
-                    what: format!("{p:?}"),
                     probe: Box::new(p.clone()),
                     error: "the agent did not answer it".into(),
                 });
